@@ -1,0 +1,142 @@
+//! The element types the crate computes in: `f32` and `f64`, behind one sealed trait.
+
+use std::fmt::{Debug, Display};
+use std::iter::Sum;
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// A floating-point element type: implemented for `f32` and `f64` only.
+pub trait Float:
+    sealed::Sealed
+    + Copy
+    + Send
+    + Sync
+    + Debug
+    + Display
+    + Default
+    + PartialEq
+    + PartialOrd
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+    + Sum
+    + 'static
+{
+    /// Additive identity.
+    const ZERO: Self;
+    /// Multiplicative identity.
+    const ONE: Self;
+    /// Unit round-off of the type, `2^-23` for `f32` and `2^-52` for `f64`, as `f64`.
+    const EPSILON: f64;
+    /// Name of the type, for messages (`"f32"`, `"f64"`).
+    const NAME: &'static str;
+
+    /// Nearest value of this type (`as` cast).
+    fn from_f64(v: f64) -> Self;
+    /// Exact widening (or identity) to `f64`.
+    fn to_f64(self) -> f64;
+    /// Conversion from an index or count (exact for the small integers used as coordinates).
+    fn from_usize(v: usize) -> Self;
+    /// Largest integer not greater than `self`.
+    fn floor(self) -> Self;
+    /// Whether `self` is NaN.
+    fn is_nan(self) -> bool;
+    /// Absolute value.
+    fn abs(self) -> Self;
+
+    /// `C = alpha * A · B + beta * C` for row/column-strided matrices, `A: m x k`, `B: k x n`,
+    /// `C: m x n`, by matrixmultiply's blocked SIMD kernel for this type. With `beta == 0`,
+    /// `C` is overwritten and may hold anything (even NaN) beforehand.
+    ///
+    /// # Safety
+    /// The pointers with their strides must address valid, initialised matrices of the given
+    /// sizes; `C` must not overlap `A` or `B` and must be exclusively borrowed.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        rsa: isize,
+        csa: isize,
+        b: *const Self,
+        rsb: isize,
+        csb: isize,
+        beta: Self,
+        c: *mut Self,
+        rsc: isize,
+        csc: isize,
+    );
+}
+
+macro_rules! impl_float {
+    ($t:ty, $gemm:path) => {
+        impl Float for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const EPSILON: f64 = <$t>::EPSILON as f64 / 2.0;
+            const NAME: &'static str = stringify!($t);
+
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            #[inline(always)]
+            fn from_usize(v: usize) -> Self {
+                v as $t
+            }
+            #[inline(always)]
+            fn floor(self) -> Self {
+                <$t>::floor(self)
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                <$t>::abs(self)
+            }
+
+            #[inline]
+            unsafe fn gemm(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: *const Self,
+                rsa: isize,
+                csa: isize,
+                b: *const Self,
+                rsb: isize,
+                csb: isize,
+                beta: Self,
+                c: *mut Self,
+                rsc: isize,
+                csc: isize,
+            ) {
+                // SAFETY: forwarded verbatim; the caller upholds matrixmultiply's contract
+                // (valid strided matrices, C exclusive and disjoint from A and B).
+                unsafe { $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
+            }
+        }
+    };
+}
+
+impl_float!(f32, matrixmultiply::sgemm);
+impl_float!(f64, matrixmultiply::dgemm);

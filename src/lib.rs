@@ -1,0 +1,27 @@
+//! # deformconv
+//!
+//! Deformable convolution (DCN v1: learned offsets; DCN v2: offsets and a modulation mask) and
+//! dense, strided, dilated and grouped 2-D convolution on the CPU, forward and every backward
+//! gradient, with the exact semantics of `torchvision.ops.deform_conv2d`.
+//!
+//! The crate has two jobs:
+//! - a **fast CPU backend** (f32 and f64), deterministic whatever the thread count;
+//! - an **oracle**: [`reference`] computes the same quantities with plain f64 loops straight
+//!   from the formulas, to test this crate's fast path and other projects' kernels against.
+//!
+//! Tensors are NCHW `ndarray` views; see [`ConvParams`] for the parameters and [`Geometry`]
+//! for the shapes every function expects.
+#![deny(missing_docs)]
+
+mod error;
+mod float;
+mod geometry;
+mod params;
+pub mod reference;
+#[allow(dead_code)] // used by the fast path as it lands
+mod sample;
+
+pub use error::{Error, Result};
+pub use float::Float;
+pub use geometry::{checked_elements, Geometry};
+pub use params::{ConvParams, Padding};

@@ -1,0 +1,449 @@
+//! The reference oracle: forward and every gradient as plain loops straight from the formulas,
+//! accumulating in `f64` whatever the input type.
+//!
+//! This module is what the fast path, and other projects' kernels, are judged against. It shares
+//! nothing with the fast path except shape validation ([`Geometry`]): no im2col, no GEMM, no
+//! tiling, no SIMD. It is slow on purpose, and meant to be read.
+//!
+//! Notation (torchvision's): image `n`, output channel `o`, input channel `c` with index
+//! `c' = c mod (C_in / groups)` inside its group, kernel tap `k = i * kw + j`, output pixel
+//! `(y, x)`, offset group `g(c) = c / (C_in / G_off)`. The sample of tap `k` at `(y, x)` sits at
+//!
+//! ```text
+//! py = y * stride_h - pad_top  + i * dil_h + offset[n, 2 (g K + k),     y, x]
+//! px = x * stride_w - pad_left + j * dil_w + offset[n, 2 (g K + k) + 1, y, x]
+//! ```
+//!
+//! and is weighted by `m = mask[n, g K + k, y, x]` (1 without a mask).
+//!
+//! Bilinear sampling `B(v, py, px)`: 0 unless `-1 < py < H` and `-1 < px < W`; otherwise with
+//! `y0 = floor(py)`, `x0 = floor(px)`, `ly = py - y0`, `lx = px - x0`,
+//! `B = (1-ly)(1-lx) v[y0,x0] + (1-ly) lx v[y0,x0+1] + ly (1-lx) v[y0+1,x0] + ly lx v[y0+1,x0+1]`,
+//! where pixels outside the image read 0. A NaN position gives `B = NaN` and touches no pixel.
+
+use ndarray::{Array1, Array4, ArrayView1, ArrayView4};
+
+use crate::error::Result;
+use crate::float::Float;
+use crate::geometry::Geometry;
+use crate::params::ConvParams;
+
+fn dims(shape: &[usize]) -> [usize; 4] {
+    [shape[0], shape[1], shape[2], shape[3]]
+}
+
+/// Validates the operands of a deformable convolution and returns its geometry.
+fn deform_geometry<T: Float>(
+    input_shape: [usize; 4],
+    weight_shape: [usize; 4],
+    offset: &ArrayView4<'_, T>,
+    mask: Option<&ArrayView4<'_, T>>,
+    params: &ConvParams,
+) -> Result<Geometry> {
+    let g = Geometry::new(input_shape, weight_shape, params)?;
+    g.check_offset(offset.shape())?;
+    if let Some(m) = mask {
+        g.check_mask(m.shape())?;
+    }
+    Ok(g)
+}
+
+/// Everything about one (image, tap, output pixel, offset group): where it samples and how
+/// much the mask weighs it.
+struct Tap {
+    py: f64,
+    px: f64,
+    m: f64,
+}
+
+fn tap<T: Float>(
+    g: &Geometry,
+    offset: &ArrayView4<'_, T>,
+    mask: Option<&ArrayView4<'_, T>>,
+    (n, og, i, j, y, x): (usize, usize, usize, usize, usize, usize),
+) -> Tap {
+    let k = i * g.kw + j;
+    let ch = og * g.taps() + k;
+    let dy = offset[[n, 2 * ch, y, x]].to_f64();
+    let dx = offset[[n, 2 * ch + 1, y, x]].to_f64();
+    let py = (y * g.stride_h) as f64 - g.pad_top as f64 + (i * g.dil_h) as f64 + dy;
+    let px = (x * g.stride_w) as f64 - g.pad_left as f64 + (j * g.dil_w) as f64 + dx;
+    let m = mask.map_or(1.0, |m| m[[n, ch, y, x]].to_f64());
+    Tap { py, px, m }
+}
+
+/// Pixel `(r, s)` of plane `(n, c)`, or 0 outside the image. `r`, `s` are whole numbers held
+/// in `f64` so that far-away positions are compared before any cast.
+fn pixel<T: Float>(input: &ArrayView4<'_, T>, n: usize, c: usize, r: f64, s: f64) -> f64 {
+    let (h, w) = (input.shape()[2] as f64, input.shape()[3] as f64);
+    if r >= 0.0 && r < h && s >= 0.0 && s < w {
+        input[[n, c, r as usize, s as usize]].to_f64()
+    } else {
+        0.0
+    }
+}
+
+/// The four corners `(r, s)` of a sample and their bilinear weights, or `None` if the sample is
+/// outside the `-1 < p < size` window (or NaN).
+fn corners(h: usize, w: usize, py: f64, px: f64) -> Option<[(f64, f64, f64); 4]> {
+    let inside = py > -1.0 && py < h as f64 && px > -1.0 && px < w as f64;
+    if !inside {
+        return None;
+    }
+    let (y0, x0) = (py.floor(), px.floor());
+    let (ly, lx) = (py - y0, px - x0);
+    Some([
+        (y0, x0, (1.0 - ly) * (1.0 - lx)),
+        (y0, x0 + 1.0, (1.0 - ly) * lx),
+        (y0 + 1.0, x0, ly * (1.0 - lx)),
+        (y0 + 1.0, x0 + 1.0, ly * lx),
+    ])
+}
+
+/// `B(input[n, c], py, px)`: bilinear sampling with zeros outside the image.
+fn bilinear<T: Float>(input: &ArrayView4<'_, T>, n: usize, c: usize, py: f64, px: f64) -> f64 {
+    if py.is_nan() || px.is_nan() {
+        return f64::NAN;
+    }
+    let (h, w) = (input.shape()[2], input.shape()[3]);
+    match corners(h, w, py, px) {
+        None => 0.0,
+        Some(cs) => cs
+            .iter()
+            .map(|&(r, s, wt)| wt * pixel(input, n, c, r, s))
+            .sum(),
+    }
+}
+
+/// `(dB/dpy, dB/dpx)` by torchvision's rule: the corners of `floor` with no window cut-off,
+/// `Wy = lx (v[y1,x1] - v[y0,x1]) + (1-lx)(v[y1,x0] - v[y0,x0])`,
+/// `Wx = ly (v[y1,x1] - v[y1,x0]) + (1-ly)(v[y0,x1] - v[y0,x0])`,
+/// i.e. the forward difference at integer positions. NaN positions give NaN, infinite ones 0.
+fn coordinate_weights<T: Float>(
+    input: &ArrayView4<'_, T>,
+    n: usize,
+    c: usize,
+    py: f64,
+    px: f64,
+) -> (f64, f64) {
+    if py.is_nan() || px.is_nan() {
+        return (f64::NAN, f64::NAN);
+    }
+    if py.is_infinite() || px.is_infinite() {
+        return (0.0, 0.0);
+    }
+    let (y0, x0) = (py.floor(), px.floor());
+    let (ly, lx) = (py - y0, px - x0);
+    let v = |r: f64, s: f64| pixel(input, n, c, r, s);
+    let (v00, v01) = (v(y0, x0), v(y0, x0 + 1.0));
+    let (v10, v11) = (v(y0 + 1.0, x0), v(y0 + 1.0, x0 + 1.0));
+    let wy = lx * (v11 - v01) + (1.0 - lx) * (v10 - v00);
+    let wx = ly * (v11 - v10) + (1.0 - ly) * (v01 - v00);
+    (wy, wx)
+}
+
+/// `gcol[c, k, n, y, x] = sum_{o in group(c)} weight[o, c', i, j] * grad_out[n, o, y, x]`.
+fn column_gradient<T: Float>(
+    g: &Geometry,
+    weight: &ArrayView4<'_, T>,
+    grad_out: &ArrayView4<'_, T>,
+    (n, c, i, j, y, x): (usize, usize, usize, usize, usize, usize),
+) -> f64 {
+    let group = c / g.c_in_per_group();
+    let ci = c % g.c_in_per_group();
+    let outs = group * g.c_out_per_group()..(group + 1) * g.c_out_per_group();
+    outs.map(|o| weight[[o, ci, i, j]].to_f64() * grad_out[[n, o, y, x]].to_f64())
+        .sum()
+}
+
+/// Forward deformable convolution (DCN v1 without `mask`, v2 with):
+///
+/// ```text
+/// out[n, o, y, x] = bias[o] + sum_{c' < C_in/groups} sum_{i, j} weight[o, c', i, j] * m * B(input[n, c], py, px)
+/// ```
+///
+/// with `c = group(o) * C_in/groups + c'` and `py`, `px`, `m`, `B` as in the module docs.
+///
+/// ```
+/// use deformconv::{reference, ConvParams};
+/// use ndarray::Array4;
+/// // A 1x1 kernel with offset (0.5, 0) averages each pixel with the one below it.
+/// let input = Array4::from_shape_vec((1, 1, 2, 1), vec![1.0f64, 3.0]).unwrap();
+/// let weight = Array4::from_elem((1, 1, 1, 1), 1.0);
+/// let mut offset = Array4::zeros((1, 2, 2, 1));
+/// offset[[0, 0, 0, 0]] = 0.5;
+/// let out = reference::deform_conv2d(input.view(), offset.view(), None, weight.view(), None,
+///                                    &ConvParams::default()).unwrap();
+/// assert_eq!(out[[0, 0, 0, 0]], 2.0);
+/// assert_eq!(out[[0, 0, 1, 0]], 3.0);
+/// ```
+pub fn deform_conv2d<T: Float>(
+    input: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+) -> Result<Array4<f64>> {
+    let g = deform_geometry(
+        dims(input.shape()),
+        dims(weight.shape()),
+        &offset,
+        mask.as_ref(),
+        params,
+    )?;
+    if let Some(b) = &bias {
+        g.check_bias(b.len())?;
+    }
+    let mut out = Array4::<f64>::zeros(g.out_shape());
+    for ((n, o, y, x), slot) in out.indexed_iter_mut() {
+        let group = o / g.c_out_per_group();
+        let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
+        for ci in 0..g.c_in_per_group() {
+            let c = group * g.c_in_per_group() + ci;
+            let og = c / g.c_per_offset_group();
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
+                    let b = bilinear(&input, n, c, t.py, t.px);
+                    acc += weight[[o, ci, i, j]].to_f64() * t.m * b;
+                }
+            }
+        }
+        *slot = acc;
+    }
+    Ok(out)
+}
+
+/// Dense (strided, dilated, grouped) cross-correlation, written directly with no sampling:
+///
+/// ```text
+/// out[n, o, y, x] = bias[o] + sum_{c', i, j} weight[o, c', i, j] * input[n, c, y*sh - pad_top + i*dh, x*sw - pad_left + j*dw]
+/// ```
+///
+/// with pixels outside the image reading 0. Equal to [`deform_conv2d`] with zero offsets and no mask.
+pub fn conv2d<T: Float>(
+    input: ArrayView4<'_, T>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+) -> Result<Array4<f64>> {
+    let g = Geometry::new(dims(input.shape()), dims(weight.shape()), params)?;
+    if let Some(b) = &bias {
+        g.check_bias(b.len())?;
+    }
+    let mut out = Array4::<f64>::zeros(g.out_shape());
+    for ((n, o, y, x), slot) in out.indexed_iter_mut() {
+        let group = o / g.c_out_per_group();
+        let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
+        for ci in 0..g.c_in_per_group() {
+            let c = group * g.c_in_per_group() + ci;
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let r = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64;
+                    let s = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64;
+                    acc += weight[[o, ci, i, j]].to_f64() * pixel(&input, n, c, r, s);
+                }
+            }
+        }
+        *slot = acc;
+    }
+    Ok(out)
+}
+
+/// Gradient with respect to the input: each sample hands its column gradient, times the mask,
+/// to the four corners it read, with the forward's bilinear weights:
+///
+/// ```text
+/// grad_input[n, c, r, s] = sum_{i, j, y, x} gcol[c, k, n, y, x] * m * dB/dv[r, s]
+/// gcol[c, k, n, y, x]    = sum_{o in group(c)} weight[o, c', i, j] * grad_out[n, o, y, x]
+/// ```
+///
+/// `input_shape` is `[N, C_in, H, W]`; samples outside the window (or NaN) send nothing.
+pub fn grad_input<T: Float>(
+    grad_out: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight: ArrayView4<'_, T>,
+    input_shape: [usize; 4],
+    params: &ConvParams,
+) -> Result<Array4<f64>> {
+    let g = deform_geometry(
+        input_shape,
+        dims(weight.shape()),
+        &offset,
+        mask.as_ref(),
+        params,
+    )?;
+    g.check_out("grad_out", grad_out.shape())?;
+    let mut grad = Array4::<f64>::zeros(input_shape);
+    for n in 0..g.n {
+        for c in 0..g.c_in {
+            let og = c / g.c_per_offset_group();
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    for y in 0..g.h_out {
+                        for x in 0..g.w_out {
+                            let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
+                            let Some(cs) = corners(g.h, g.w, t.py, t.px) else {
+                                continue;
+                            };
+                            let gc = column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
+                            for (r, s, wt) in cs {
+                                let inside =
+                                    r >= 0.0 && r < g.h as f64 && s >= 0.0 && s < g.w as f64;
+                                if inside {
+                                    grad[[n, c, r as usize, s as usize]] += gc * t.m * wt;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(grad)
+}
+
+/// Gradient with respect to the offsets:
+///
+/// ```text
+/// grad_offset[n, 2 (g K + k),     y, x] = sum_{c in g} gcol[c, k, n, y, x] * m * Wy(input[n, c], py, px)
+/// grad_offset[n, 2 (g K + k) + 1, y, x] = sum_{c in g} gcol[c, k, n, y, x] * m * Wx(input[n, c], py, px)
+/// ```
+///
+/// with `Wy`, `Wx` the one-sided bilinear derivatives (torchvision's rule: at an integer
+/// position the forward difference; no window cut-off, corners outside read 0).
+pub fn grad_offset<T: Float>(
+    grad_out: ArrayView4<'_, T>,
+    input: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight: ArrayView4<'_, T>,
+    params: &ConvParams,
+) -> Result<Array4<f64>> {
+    let g = deform_geometry(
+        dims(input.shape()),
+        dims(weight.shape()),
+        &offset,
+        mask.as_ref(),
+        params,
+    )?;
+    g.check_out("grad_out", grad_out.shape())?;
+    let mut grad = Array4::<f64>::zeros(g.offset_shape());
+    for n in 0..g.n {
+        for og in 0..g.offset_groups {
+            for i in 0..g.kh {
+                for j in 0..g.kw {
+                    let ch = og * g.taps() + i * g.kw + j;
+                    for y in 0..g.h_out {
+                        for x in 0..g.w_out {
+                            let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
+                            let (mut sy, mut sx) = (0.0, 0.0);
+                            let channels =
+                                og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
+                            for c in channels {
+                                let gc =
+                                    column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
+                                let (wy, wx) = coordinate_weights(&input, n, c, t.py, t.px);
+                                sy += gc * t.m * wy;
+                                sx += gc * t.m * wx;
+                            }
+                            grad[[n, 2 * ch, y, x]] = sy;
+                            grad[[n, 2 * ch + 1, y, x]] = sx;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(grad)
+}
+
+/// Gradient with respect to the mask:
+///
+/// ```text
+/// grad_mask[n, g K + k, y, x] = sum_{c in g} gcol[c, k, n, y, x] * B(input[n, c], py, px)
+/// ```
+///
+/// It does not depend on the mask itself, so none is taken.
+pub fn grad_mask<T: Float>(
+    grad_out: ArrayView4<'_, T>,
+    input: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    weight: ArrayView4<'_, T>,
+    params: &ConvParams,
+) -> Result<Array4<f64>> {
+    let g = deform_geometry(
+        dims(input.shape()),
+        dims(weight.shape()),
+        &offset,
+        None,
+        params,
+    )?;
+    g.check_out("grad_out", grad_out.shape())?;
+    let mut grad = Array4::<f64>::zeros(g.mask_shape());
+    for ((n, ch, y, x), slot) in grad.indexed_iter_mut() {
+        let (og, k) = (ch / g.taps(), ch % g.taps());
+        let (i, j) = (k / g.kw, k % g.kw);
+        let t = tap(&g, &offset, None, (n, og, i, j, y, x));
+        let channels = og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
+        *slot = channels
+            .map(|c| {
+                let gc = column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
+                gc * bilinear(&input, n, c, t.py, t.px)
+            })
+            .sum();
+    }
+    Ok(grad)
+}
+
+/// Gradient with respect to the weight, `weight_shape = [C_out, C_in/groups, kh, kw]`:
+///
+/// ```text
+/// grad_weight[o, c', i, j] = sum_{n, y, x} grad_out[n, o, y, x] * m * B(input[n, c], py, px)
+/// ```
+pub fn grad_weight<T: Float>(
+    grad_out: ArrayView4<'_, T>,
+    input: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight_shape: [usize; 4],
+    params: &ConvParams,
+) -> Result<Array4<f64>> {
+    let g = deform_geometry(
+        dims(input.shape()),
+        weight_shape,
+        &offset,
+        mask.as_ref(),
+        params,
+    )?;
+    g.check_out("grad_out", grad_out.shape())?;
+    let mut grad = Array4::<f64>::zeros(weight_shape);
+    for ((o, ci, i, j), slot) in grad.indexed_iter_mut() {
+        let c = (o / g.c_out_per_group()) * g.c_in_per_group() + ci;
+        let og = c / g.c_per_offset_group();
+        let mut acc = 0.0;
+        for n in 0..g.n {
+            for y in 0..g.h_out {
+                for x in 0..g.w_out {
+                    let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
+                    let b = bilinear(&input, n, c, t.py, t.px);
+                    acc += grad_out[[n, o, y, x]].to_f64() * t.m * b;
+                }
+            }
+        }
+        *slot = acc;
+    }
+    Ok(grad)
+}
+
+/// Gradient with respect to the bias: `grad_bias[o] = sum_{n, y, x} grad_out[n, o, y, x]`.
+pub fn grad_bias<T: Float>(grad_out: ArrayView4<'_, T>) -> Result<Array1<f64>> {
+    let c_out = grad_out.shape()[1];
+    let mut grad = Array1::<f64>::zeros(c_out);
+    for ((_, o, _, _), v) in grad_out.indexed_iter() {
+        grad[o] += v.to_f64();
+    }
+    Ok(grad)
+}

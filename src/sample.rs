@@ -1,0 +1,233 @@
+//! Bilinear sampling with zero padding, torchvision's rule, for the fast path: the one place
+//! where the fast kernels learn which corners a sample reads and with what weights.
+//!
+//! For a sample at `(py, px)` in an `H x W` plane:
+//! - it *counts* iff `-1 < py < H` and `-1 < px < W`; otherwise its value is 0 and it sends no
+//!   gradient to the input;
+//! - corners are `y0 = floor(py)`, `x0 = floor(px)`, `y1 = y0 + 1`, `x1 = x0 + 1` with fractions
+//!   `ly = py - y0`, `lx = px - x0`, and weights `(1-ly)(1-lx), (1-ly)lx, ly(1-lx), ly lx`;
+//!   a corner outside the plane reads 0;
+//! - a NaN coordinate gives a NaN sample (NaN in, NaN out) that touches no pixel.
+//!
+//! The coordinate derivatives (for `grad_offset`) use the same corners with no `-1 < p < H`
+//! cut-off: `Wy = lx (v11 - v01) + (1-lx)(v10 - v00)`, `Wx = ly (v11 - v10) + (1-ly)(v01 - v00)`,
+//! so at an exactly integer position they are the one-sided forward difference.
+
+use crate::float::Float;
+
+/// Where a sample falls, decided once per (tap, output pixel) and reused for every channel of
+/// its offset group.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Sample<T> {
+    /// Outside the `-1 < p < size` window (or an infinite coordinate): value 0, no gradient
+    /// to the input.
+    Outside,
+    /// A NaN coordinate: value NaN, no pixel touched.
+    Nan,
+    /// Inside the window: the top-left corner and the fractional parts.
+    Inside(Corners<T>),
+}
+
+/// The four corners of a sample inside the window, with their validity and weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Corners<T> {
+    /// `floor(py)`, in `-1 ..= H - 1`.
+    pub y0: isize,
+    /// `floor(px)`, in `-1 ..= W - 1`.
+    pub x0: isize,
+    /// `py - y0`, in `[0, 1)`.
+    pub ly: T,
+    /// `px - x0`, in `[0, 1)`.
+    pub lx: T,
+    /// Row-major offsets `r * W + s` of the corners `(y0,x0), (y0,x1), (y1,x0), (y1,x1)`,
+    /// meaningful only where `valid` is true.
+    pub index: [usize; 4],
+    /// Whether each corner lies inside the plane.
+    pub valid: [bool; 4],
+}
+
+impl<T: Float> Corners<T> {
+    /// Bilinear weights of the corners, in the order of [`Corners::index`].
+    #[inline]
+    pub fn weights(&self) -> [T; 4] {
+        let (ly, lx) = (self.ly, self.lx);
+        let (hy, hx) = (T::ONE - ly, T::ONE - lx);
+        [hy * hx, hy * lx, ly * hx, ly * lx]
+    }
+
+    /// The bilinear value over `plane` (row-major `H x W`), invalid corners reading 0.
+    #[inline]
+    pub fn interpolate(&self, plane: &[T]) -> T {
+        let v = self.values(plane);
+        let wt = self.weights();
+        wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]
+    }
+
+    /// The four corner values, 0 for corners outside the plane.
+    #[inline]
+    pub fn values(&self, plane: &[T]) -> [T; 4] {
+        let mut v = [T::ZERO; 4];
+        for c in 0..4 {
+            if self.valid[c] {
+                debug_assert!(self.index[c] < plane.len());
+                v[c] = plane[self.index[c]];
+            }
+        }
+        v
+    }
+}
+
+/// Splits an offset `d` into `floor(d)` as an integer (clamped to `±2^30`, far beyond any
+/// plane, so huge or infinite offsets cannot overflow) and the exact fraction `d - floor(d)`.
+///
+/// Working from the integer base position plus this split, instead of forming `base + d` in `T`,
+/// keeps the fraction exact in `f32` however far the output pixel is from the origin.
+#[inline]
+fn split<T: Float>(d: T) -> (isize, T) {
+    let f = d.floor();
+    let limit = T::from_usize(1 << 30);
+    let whole = if f < -limit {
+        -(1isize << 30)
+    } else if f > limit {
+        1isize << 30
+    } else {
+        f.to_f64() as isize
+    };
+    (whole, d - f)
+}
+
+/// Locates the sample at `(base_y + dy, base_x + dx)` in an `h x w` plane under torchvision's
+/// rule, where `base_*` is the undeformed tap position `out * stride - pad + tap * dilation`.
+#[inline]
+pub(crate) fn locate<T: Float>(
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    h: usize,
+    w: usize,
+) -> Sample<T> {
+    if dy.is_nan() || dx.is_nan() {
+        return Sample::Nan;
+    }
+    let c = corners(base_y, dy, base_x, dx, h, w);
+    // p > -1  <=>  floor(p) >= 0, or floor(p) == -1 with a nonzero fraction;  p < size  <=>  floor(p) < size.
+    let above_minus_one = |p0: isize, frac: T| p0 >= 0 || (p0 == -1 && frac > T::ZERO);
+    let inside = above_minus_one(c.y0, c.ly)
+        && above_minus_one(c.x0, c.lx)
+        && c.y0 < h as isize
+        && c.x0 < w as isize;
+    if inside {
+        Sample::Inside(c)
+    } else {
+        Sample::Outside
+    }
+}
+
+/// Corners of the sample at `(base_y + dy, base_x + dx)` with no window cut-off (used directly
+/// by the coordinate gradient). Far-away or infinite positions give all-invalid corners.
+#[inline]
+pub(crate) fn corners<T: Float>(
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    h: usize,
+    w: usize,
+) -> Corners<T> {
+    let (wy, ly) = split(dy);
+    let (wx, lx) = split(dx);
+    let (y0, x0) = (base_y + wy, base_x + wx);
+    let (hi, wi) = (h as isize, w as isize);
+    let ok = |r: isize, s: isize| r >= 0 && r < hi && s >= 0 && s < wi;
+    let idx = |r: isize, s: isize| {
+        if ok(r, s) {
+            r as usize * w + s as usize
+        } else {
+            0
+        }
+    };
+    let pts = [(y0, x0), (y0, x0 + 1), (y0 + 1, x0), (y0 + 1, x0 + 1)];
+    Corners {
+        y0,
+        x0,
+        ly,
+        lx,
+        index: pts.map(|(r, s)| idx(r, s)),
+        valid: pts.map(|(r, s)| ok(r, s)),
+    }
+}
+
+/// `(Wy, Wx)`: the derivatives of the bilinear value with respect to the sample's row and
+/// column, torchvision's one-sided rule (see the module docs). NaN offsets give NaN; positions
+/// with no corner in the plane (far away or infinite) give 0.
+#[inline]
+pub(crate) fn coordinate_weights<T: Float>(
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    plane: &[T],
+    h: usize,
+    w: usize,
+) -> (T, T) {
+    if dy.is_nan() || dx.is_nan() {
+        let nan = T::from_f64(f64::NAN);
+        return (nan, nan);
+    }
+    let c = corners(base_y, dy, base_x, dx, h, w);
+    // An infinite offset leaves a NaN fraction (inf - inf) but then no corner is valid.
+    if !c.valid.iter().any(|&v| v) {
+        return (T::ZERO, T::ZERO);
+    }
+    let [v00, v01, v10, v11] = c.values(plane);
+    let (ly, lx) = (c.ly, c.lx);
+    let wy = lx * (v11 - v01) + (T::ONE - lx) * (v10 - v00);
+    let wx = ly * (v11 - v10) + (T::ONE - ly) * (v01 - v00);
+    (wy, wx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_is_open_at_minus_one_and_size() {
+        assert_eq!(locate(0, -1.0f64, 0, 0.0, 3, 3), Sample::Outside);
+        assert_eq!(locate(0, 0.0f64, 2, 1.0, 3, 3), Sample::Outside);
+        assert!(matches!(
+            locate(0, -0.999f64, 2, 0.999, 3, 3),
+            Sample::Inside(_)
+        ));
+        assert!(matches!(
+            locate(-1, 1e-3f64, 0, 0.0, 3, 3),
+            Sample::Inside(_)
+        ));
+        assert_eq!(locate(0, f64::NAN, 0, 0.0, 3, 3), Sample::Nan);
+        assert_eq!(locate(0, f64::INFINITY, 0, 0.0, 3, 3), Sample::Outside);
+        assert_eq!(locate(0, 1e300f64, 0, -1e300, 3, 3), Sample::Outside);
+        assert_eq!(locate(0, f32::MAX, 0, f32::MIN, 3, 3), Sample::Outside);
+    }
+
+    #[test]
+    fn interpolation_of_a_ramp_is_exact() {
+        // v(r, s) = 10 r + s is bilinear, so interpolation reproduces it exactly inside.
+        let plane: Vec<f64> = (0..12).map(|i| (10 * (i / 4) + i % 4) as f64).collect();
+        let Sample::Inside(c) = locate(1, 0.25, 3, -0.5, 3, 4) else {
+            panic!("inside")
+        };
+        assert!((c.interpolate(&plane) - 15.0).abs() < 1e-12);
+        let (wy, wx) = coordinate_weights(1, 0.25, 3, -0.5, &plane, 3, 4);
+        assert_eq!((wy, wx), (10.0, 1.0));
+    }
+
+    #[test]
+    fn coordinate_weight_at_minus_one_is_right_hand() {
+        // At py = -1 exactly: y0 = -1 (reads 0), y1 = 0, so Wy = v(0, x).
+        let plane = [5.0f64, 7.0];
+        let (wy, _) = coordinate_weights(0, -1.0, 0, 0.0, &plane, 1, 2);
+        assert_eq!(wy, 5.0);
+        let far = coordinate_weights(0, f64::NEG_INFINITY, 0, 0.0, &plane, 1, 2);
+        assert_eq!(far, (0.0, 0.0));
+    }
+}
