@@ -64,18 +64,23 @@ fn param_err(name: &'static str, rule: String) -> Error {
     Error::Param { name, rule }
 }
 
-/// Product of `dims`, or `Err(TooLarge)` naming `what` if it overflows or the tensor of
-/// `elem_bytes`-sized elements would exceed [`MAX_BYTES`].
+/// Product of `dims`, or `Err(TooLarge)` naming `what` if the product of its *non-zero*
+/// extents overflows or, in `elem_bytes`-sized elements, would exceed [`MAX_BYTES`].
+///
+/// Zero extents are skipped in the bound because an empty array must still have a
+/// representable shape: `ndarray` panics on `zeros([0, 1, 2^62, 2^62])`, so such a shape is
+/// rejected here rather than allowed through as "0 elements".
 pub fn checked_elements(what: &str, dims: &[usize], elem_bytes: usize) -> Result<usize> {
     let too_large = || Error::TooLarge {
         what: format!("{what} of shape {dims:?} ({elem_bytes}-byte elements)"),
     };
-    let count = dims
+    let nonzero = dims
         .iter()
+        .filter(|&&d| d != 0)
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .ok_or_else(too_large)?;
-    match count.checked_mul(elem_bytes.max(1)) {
-        Some(bytes) if bytes <= MAX_BYTES => Ok(count),
+    match nonzero.checked_mul(elem_bytes.max(1)) {
+        Some(bytes) if bytes <= MAX_BYTES => Ok(if dims.contains(&0) { 0 } else { nonzero }),
         _ => Err(too_large()),
     }
 }
