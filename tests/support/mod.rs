@@ -184,6 +184,9 @@ pub enum Offsets {
     AwayFromIntegers,
     /// Anything in `[-2.5, 2.5]`.
     Any,
+    /// A third whole numbers in `-3..=2` (samples exactly on grid points, on the `-1` and `H`
+    /// window edges), a third multiples of 0.5, a third anything in `[-2.5, 2.5]`.
+    Mixed,
 }
 
 /// The operands of one problem, in `f64`.
@@ -204,6 +207,13 @@ impl Problem {
                 rng.int(-3, 2) as f64 + rng.uniform(0.1, 0.9)
             }),
             Offsets::Any => rng.array4(spec.offset_shape(), -2.5, 2.5),
+            Offsets::Mixed => {
+                Array4::from_shape_simple_fn(spec.offset_shape(), || match rng.int(0, 2) {
+                    0 => rng.int(-3, 2) as f64,
+                    1 => rng.int(-6, 4) as f64 * 0.5,
+                    _ => rng.uniform(-2.5, 2.5),
+                })
+            }
         };
         Problem {
             input: rng.array4(spec.input_shape(), -1.0, 1.0),
