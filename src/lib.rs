@@ -10,12 +10,16 @@
 //!   from the formulas, to test this crate's fast path and other projects' kernels against.
 //!
 //! Tensors are NCHW `ndarray` views; see [`ConvParams`] for the parameters and [`Geometry`]
-//! for the shapes every function expects.
+//! for the shapes every function expects. Weights, tensors and offsets laid out the way other
+//! frameworks lay them out (Lasagne, Theano, TensorFlow, TensorFlow Lite, mmcv, MindSpore) are
+//! converted by [`layout`] and [`offset_layout`].
 #![deny(missing_docs)]
 
 mod error;
 mod float;
 mod geometry;
+pub mod layout;
+pub mod offset_layout;
 mod params;
 pub mod reference;
 #[allow(dead_code)] // used by the fast path as it lands
