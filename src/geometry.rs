@@ -65,7 +65,7 @@ fn param_err(name: &'static str, rule: String) -> Error {
 }
 
 /// Product of `dims`, or `Err(TooLarge)` naming `what` if the product of its *non-zero*
-/// extents overflows or, in `elem_bytes`-sized elements, would exceed [`MAX_BYTES`].
+/// extents overflows or, in `elem_bytes`-sized elements, would exceed `isize::MAX` bytes.
 ///
 /// Zero extents are skipped in the bound because an empty array must still have a
 /// representable shape: `ndarray` panics on `zeros([0, 1, 2^62, 2^62])`, so such a shape is

@@ -6,7 +6,7 @@
 //!
 //! The crate has two jobs:
 //! - a **fast CPU backend** (f32 and f64), deterministic whatever the thread count;
-//! - an **oracle**: [`reference`] computes the same quantities with plain f64 loops straight
+//! - an **oracle**: [`reference`](mod@reference) computes the same quantities with plain f64 loops straight
 //!   from the formulas, to test this crate's fast path and other projects' kernels against.
 //!
 //! Tensors are NCHW `ndarray` views; see [`ConvParams`] for the parameters and [`Geometry`]
