@@ -13,6 +13,7 @@
 //! for the shapes every function expects.
 #![deny(missing_docs)]
 
+mod convention;
 mod error;
 mod float;
 mod geometry;
@@ -21,6 +22,7 @@ pub mod reference;
 #[allow(dead_code)] // used by the fast path as it lands
 mod sample;
 
+pub use convention::Convention;
 pub use error::{Error, Result};
 pub use float::Float;
 pub use geometry::{checked_elements, Geometry};
