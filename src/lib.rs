@@ -15,6 +15,7 @@
 //! converted by [`layout`] and [`offset_layout`].
 #![deny(missing_docs)]
 
+mod convention;
 mod error;
 mod float;
 mod geometry;
@@ -25,6 +26,7 @@ pub mod reference;
 #[allow(dead_code)] // used by the fast path as it lands
 mod sample;
 
+pub use convention::Convention;
 pub use error::{Error, Result};
 pub use float::Float;
 pub use geometry::{checked_elements, Geometry};

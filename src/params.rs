@@ -1,4 +1,7 @@
-//! Convolution parameters: stride, padding, dilation, groups and offset groups.
+//! Convolution parameters: stride, padding, dilation, groups, offset groups and the sampling
+//! convention.
+
+use crate::convention::Convention;
 
 /// Zero padding added around the image, in pixels, per side.
 ///
@@ -33,7 +36,7 @@ impl Padding {
 ///
 /// The kernel size is not a parameter: it is the weight's last two extents. The defaults are
 /// those of a plain 3x3-style convolution: stride 1, no padding, dilation 1, one group, one
-/// offset group.
+/// offset group, torchvision's sampling convention.
 ///
 /// ```
 /// use deformconv::ConvParams;
@@ -55,6 +58,9 @@ pub struct ConvParams {
     /// Offset groups `G_off`: input channel `c` is sampled with the offsets (and mask) of
     /// group `c / (C_in / G_off)`. Must divide `C_in`. Ignored by dense `conv2d`.
     pub offset_groups: usize,
+    /// Border rule of the bilinear sampling and its gradients (default
+    /// [`Convention::Torchvision`]). Ignored by dense `conv2d`, which samples no fractions.
+    pub convention: Convention,
 }
 
 impl Default for ConvParams {
@@ -65,6 +71,7 @@ impl Default for ConvParams {
             dilation: (1, 1),
             groups: 1,
             offset_groups: 1,
+            convention: Convention::Torchvision,
         }
     }
 }
@@ -99,6 +106,11 @@ impl ConvParams {
     /// Sets the number of offset groups.
     pub const fn offset_groups(mut self, offset_groups: usize) -> Self {
         self.offset_groups = offset_groups;
+        self
+    }
+    /// Sets the sampling convention (see [`Convention`] for each rule).
+    pub const fn convention(mut self, convention: Convention) -> Self {
+        self.convention = convention;
         self
     }
 }

@@ -16,13 +16,19 @@
 //!
 //! and is weighted by `m = mask[n, g K + k, y, x]` (1 without a mask).
 //!
-//! Bilinear sampling `B(v, py, px)`: 0 unless `-1 < py < H` and `-1 < px < W`; otherwise with
-//! `y0 = floor(py)`, `x0 = floor(px)`, `ly = py - y0`, `lx = px - x0`,
+//! Bilinear sampling `B(v, py, px)` under the default [`Convention::Torchvision`]: 0 unless
+//! `-1 < py < H` and `-1 < px < W`; otherwise with `y0 = floor(py)`, `x0 = floor(px)`,
+//! `ly = py - y0`, `lx = px - x0`,
 //! `B = (1-ly)(1-lx) v[y0,x0] + (1-ly) lx v[y0,x0+1] + ly (1-lx) v[y0+1,x0] + ly lx v[y0+1,x0+1]`,
 //! where pixels outside the image read 0. A NaN position gives `B = NaN` and touches no pixel.
+//!
+//! `params.convention` selects another border rule ([`Convention::Mmcv`],
+//! [`Convention::DcnV1`]); every function here follows it, forward and backward, and the
+//! three private rules `counts`, `cell` and `coordinate_weights` are where they differ.
 
 use ndarray::{Array1, Array4, ArrayView1, ArrayView4};
 
+use crate::convention::Convention;
 use crate::error::Result;
 use crate::float::Float;
 use crate::geometry::Geometry;
@@ -83,30 +89,99 @@ fn pixel<T: Float>(input: &ArrayView4<'_, T>, n: usize, c: usize, r: f64, s: f64
     }
 }
 
-/// The four corners `(r, s)` of a sample and their bilinear weights, or `None` if the sample is
-/// outside the `-1 < p < size` window (or NaN).
-fn corners(h: usize, w: usize, py: f64, px: f64) -> Option<[(f64, f64, f64); 4]> {
-    let inside = py > -1.0 && py < h as f64 && px > -1.0 && px < w as f64;
-    if !inside {
+/// Whether the sample at `(py, px)` counts (has a value and sends gradient to the input):
+/// the convention's window. NaN positions never count.
+///
+/// - torchvision, mmcv: `-1 < py < H` and `-1 < px < W`;
+/// - DCN v1: `0 <= py < H` and `0 <= px < W`.
+pub(crate) fn counts(conv: Convention, h: usize, w: usize, py: f64, px: f64) -> bool {
+    let (h, w) = (h as f64, w as f64);
+    match conv {
+        Convention::Torchvision | Convention::Mmcv => py > -1.0 && py < h && px > -1.0 && px < w,
+        Convention::DcnV1 => py >= 0.0 && py < h && px >= 0.0 && px < w,
+    }
+}
+
+/// The corner rows `y0, y1`, columns `x0, x1` and fractions `ly, lx` the sample at `(py, px)`
+/// interpolates between, with no window test.
+struct Cell {
+    y0: f64,
+    y1: f64,
+    x0: f64,
+    x1: f64,
+    ly: f64,
+    lx: f64,
+}
+
+/// The cell of a sample:
+///
+/// - torchvision, mmcv: `y0 = floor(py)`, `y1 = y0 + 1`, `ly = py - y0` (likewise x);
+/// - DCN v1: the same, except that when `floor(py) >= H - 1` the corners collapse onto the
+///   last row, `y0 = y1 = H - 1`, and `ly = 0` (likewise x with `W`).
+fn cell(conv: Convention, h: usize, w: usize, py: f64, px: f64) -> Cell {
+    let axis = |p: f64, size: usize| {
+        let p0 = p.floor();
+        let last = size as f64 - 1.0;
+        match conv {
+            Convention::DcnV1 if p0 >= last => (last, last, 0.0),
+            _ => (p0, p0 + 1.0, p - p0),
+        }
+    };
+    let (y0, y1, ly) = axis(py, h);
+    let (x0, x1, lx) = axis(px, w);
+    Cell {
+        y0,
+        y1,
+        x0,
+        x1,
+        ly,
+        lx,
+    }
+}
+
+/// The four corners `(r, s)` of a sample and their bilinear weights, or `None` if the sample
+/// does not count (outside the convention's window, or NaN).
+pub(crate) fn corners(
+    conv: Convention,
+    h: usize,
+    w: usize,
+    py: f64,
+    px: f64,
+) -> Option<[(f64, f64, f64); 4]> {
+    if !counts(conv, h, w, py, px) {
         return None;
     }
-    let (y0, x0) = (py.floor(), px.floor());
-    let (ly, lx) = (py - y0, px - x0);
+    let Cell {
+        y0,
+        y1,
+        x0,
+        x1,
+        ly,
+        lx,
+    } = cell(conv, h, w, py, px);
     Some([
         (y0, x0, (1.0 - ly) * (1.0 - lx)),
-        (y0, x0 + 1.0, (1.0 - ly) * lx),
-        (y0 + 1.0, x0, ly * (1.0 - lx)),
-        (y0 + 1.0, x0 + 1.0, ly * lx),
+        (y0, x1, (1.0 - ly) * lx),
+        (y1, x0, ly * (1.0 - lx)),
+        (y1, x1, ly * lx),
     ])
 }
 
-/// `B(input[n, c], py, px)`: bilinear sampling with zeros outside the image.
-fn bilinear<T: Float>(input: &ArrayView4<'_, T>, n: usize, c: usize, py: f64, px: f64) -> f64 {
+/// `B(input[n, c], py, px)`: bilinear sampling by the convention, pixels outside the image
+/// reading 0.
+pub(crate) fn bilinear<T: Float>(
+    conv: Convention,
+    input: &ArrayView4<'_, T>,
+    n: usize,
+    c: usize,
+    py: f64,
+    px: f64,
+) -> f64 {
     if py.is_nan() || px.is_nan() {
         return f64::NAN;
     }
     let (h, w) = (input.shape()[2], input.shape()[3]);
-    match corners(h, w, py, px) {
+    match corners(conv, h, w, py, px) {
         None => 0.0,
         Some(cs) => cs
             .iter()
@@ -115,11 +190,19 @@ fn bilinear<T: Float>(input: &ArrayView4<'_, T>, n: usize, c: usize, py: f64, px
     }
 }
 
-/// `(dB/dpy, dB/dpx)` by torchvision's rule: the corners of `floor` with no window cut-off,
-/// `Wy = lx (v[y1,x1] - v[y0,x1]) + (1-lx)(v[y1,x0] - v[y0,x0])`,
-/// `Wx = ly (v[y1,x1] - v[y1,x0]) + (1-ly)(v[y0,x1] - v[y0,x0])`,
-/// i.e. the forward difference at integer positions. NaN positions give NaN, infinite ones 0.
-fn coordinate_weights<T: Float>(
+/// `(dB/dpy, dB/dpx)` as the convention computes them, on the corners of [`cell`]:
+///
+/// ```text
+/// Wy = lx (v[y1,x1] - v[y0,x1]) + (1-lx)(v[y1,x0] - v[y0,x0])
+/// Wx = ly (v[y1,x1] - v[y1,x0]) + (1-ly)(v[y0,x1] - v[y0,x0])
+/// ```
+///
+/// corners outside the image reading 0. torchvision applies no window cut-off (so at an
+/// integer position, `py = -1` included, this is the forward difference); mmcv and DCN v1
+/// give 0 outside their window. Under DCN v1 a collapsed axis (`y0 = y1`) gives 0 along it.
+/// NaN positions give NaN, infinite ones 0.
+pub(crate) fn coordinate_weights<T: Float>(
+    conv: Convention,
     input: &ArrayView4<'_, T>,
     n: usize,
     c: usize,
@@ -129,14 +212,25 @@ fn coordinate_weights<T: Float>(
     if py.is_nan() || px.is_nan() {
         return (f64::NAN, f64::NAN);
     }
-    if py.is_infinite() || px.is_infinite() {
+    let (h, w) = (input.shape()[2], input.shape()[3]);
+    let cut_off = match conv {
+        Convention::Torchvision => py.is_infinite() || px.is_infinite(),
+        Convention::Mmcv | Convention::DcnV1 => !counts(conv, h, w, py, px),
+    };
+    if cut_off {
         return (0.0, 0.0);
     }
-    let (y0, x0) = (py.floor(), px.floor());
-    let (ly, lx) = (py - y0, px - x0);
+    let Cell {
+        y0,
+        y1,
+        x0,
+        x1,
+        ly,
+        lx,
+    } = cell(conv, h, w, py, px);
     let v = |r: f64, s: f64| pixel(input, n, c, r, s);
-    let (v00, v01) = (v(y0, x0), v(y0, x0 + 1.0));
-    let (v10, v11) = (v(y0 + 1.0, x0), v(y0 + 1.0, x0 + 1.0));
+    let (v00, v01) = (v(y0, x0), v(y0, x1));
+    let (v10, v11) = (v(y1, x0), v(y1, x1));
     let wy = lx * (v11 - v01) + (1.0 - lx) * (v10 - v00);
     let wx = ly * (v11 - v10) + (1.0 - ly) * (v01 - v00);
     (wy, wx)
@@ -205,7 +299,7 @@ pub fn deform_conv2d<T: Float>(
             for i in 0..g.kh {
                 for j in 0..g.kw {
                     let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
-                    let b = bilinear(&input, n, c, t.py, t.px);
+                    let b = bilinear(params.convention, &input, n, c, t.py, t.px);
                     acc += weight[[o, ci, i, j]].to_f64() * t.m * b;
                 }
             }
@@ -259,7 +353,9 @@ pub fn conv2d<T: Float>(
 /// gcol[c, k, n, y, x]    = sum_{o in group(c)} weight[o, c', i, j] * grad_out[n, o, y, x]
 /// ```
 ///
-/// `input_shape` is `[N, C_in, H, W]`; samples outside the window (or NaN) send nothing.
+/// `input_shape` is `[N, C_in, H, W]`; samples outside the convention's window (or NaN) send
+/// nothing. Under [`Convention::DcnV1`] a sample on the last row or column gives that row or
+/// column the full weight (its corners collapse).
 pub fn grad_input<T: Float>(
     grad_out: ArrayView4<'_, T>,
     offset: ArrayView4<'_, T>,
@@ -285,7 +381,7 @@ pub fn grad_input<T: Float>(
                     for y in 0..g.h_out {
                         for x in 0..g.w_out {
                             let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
-                            let Some(cs) = corners(g.h, g.w, t.py, t.px) else {
+                            let Some(cs) = corners(params.convention, g.h, g.w, t.py, t.px) else {
                                 continue;
                             };
                             let gc = column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
@@ -312,8 +408,9 @@ pub fn grad_input<T: Float>(
 /// grad_offset[n, 2 (g K + k) + 1, y, x] = sum_{c in g} gcol[c, k, n, y, x] * m * Wx(input[n, c], py, px)
 /// ```
 ///
-/// with `Wy`, `Wx` the one-sided bilinear derivatives (torchvision's rule: at an integer
-/// position the forward difference; no window cut-off, corners outside read 0).
+/// with `Wy`, `Wx` the one-sided bilinear derivatives of `params.convention` (torchvision's
+/// default: at an integer position the forward difference; no window cut-off, corners outside
+/// read 0; mmcv and DCN v1 cut off outside their window, see [`Convention`]).
 pub fn grad_offset<T: Float>(
     grad_out: ArrayView4<'_, T>,
     input: ArrayView4<'_, T>,
@@ -345,7 +442,8 @@ pub fn grad_offset<T: Float>(
                             for c in channels {
                                 let gc =
                                     column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
-                                let (wy, wx) = coordinate_weights(&input, n, c, t.py, t.px);
+                                let (wy, wx) =
+                                    coordinate_weights(params.convention, &input, n, c, t.py, t.px);
                                 sy += gc * t.m * wy;
                                 sx += gc * t.m * wx;
                             }
@@ -391,7 +489,7 @@ pub fn grad_mask<T: Float>(
         *slot = channels
             .map(|c| {
                 let gc = column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
-                gc * bilinear(&input, n, c, t.py, t.px)
+                gc * bilinear(params.convention, &input, n, c, t.py, t.px)
             })
             .sum();
     }
@@ -428,7 +526,7 @@ pub fn grad_weight<T: Float>(
             for y in 0..g.h_out {
                 for x in 0..g.w_out {
                     let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
-                    let b = bilinear(&input, n, c, t.py, t.px);
+                    let b = bilinear(params.convention, &input, n, c, t.py, t.px);
                     acc += grad_out[[n, o, y, x]].to_f64() * t.m * b;
                 }
             }

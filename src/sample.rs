@@ -12,7 +12,11 @@
 //! The coordinate derivatives (for `grad_offset`) use the same corners with no `-1 < p < H`
 //! cut-off: `Wy = lx (v11 - v01) + (1-lx)(v10 - v00)`, `Wx = ly (v11 - v10) + (1-ly)(v01 - v00)`,
 //! so at an exactly integer position they are the one-sided forward difference.
+//!
+//! Other conventions ([`Convention`]) go through [`locate_in`] and [`coordinate_weights_in`];
+//! for [`Convention::Torchvision`] these are exactly [`locate`] and [`coordinate_weights`].
 
+use crate::convention::Convention;
 use crate::float::Float;
 
 /// Where a sample falls, decided once per (tap, output pixel) and reused for every channel of
@@ -187,6 +191,121 @@ pub(crate) fn coordinate_weights<T: Float>(
     (wy, wx)
 }
 
+/// Locates the sample at `(base_y + dy, base_x + dx)` under `conv`'s rule.
+///
+/// - [`Convention::Torchvision`], [`Convention::Mmcv`]: exactly [`locate`].
+/// - [`Convention::DcnV1`]: inside iff `0 <= p < size` on both axes; on an axis where
+///   `floor(p) == size - 1` the corners collapse onto the last row (column): `ly = 0` (`lx = 0`)
+///   and the second corner *is* the first, so `index[2..4] == index[0..2]` (`index[1] ==
+///   index[0]`, `index[3] == index[2]`). All four corners are valid. Kernels must therefore
+///   read and scatter through `index`/`valid`, never rebuild corners as `y0 + 1`; the zero
+///   fraction gives the duplicate corner weight 0, so the sums are those of the clamped rule.
+#[inline]
+pub(crate) fn locate_in<T: Float>(
+    conv: Convention,
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    h: usize,
+    w: usize,
+) -> Sample<T> {
+    match conv {
+        Convention::Torchvision | Convention::Mmcv => locate(base_y, dy, base_x, dx, h, w),
+        Convention::DcnV1 => locate_clamped(base_y, dy, base_x, dx, h, w),
+    }
+}
+
+/// DCN v1's rule: window `0 <= p < size`, corners collapsed onto the last row and column.
+#[inline]
+fn locate_clamped<T: Float>(
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    h: usize,
+    w: usize,
+) -> Sample<T> {
+    if dy.is_nan() || dx.is_nan() {
+        return Sample::Nan;
+    }
+    let (wy, ly) = split(dy);
+    let (wx, lx) = split(dx);
+    let (y0, x0) = (base_y + wy, base_x + wx);
+    let (hi, wi) = (h as isize, w as isize);
+    // p >= 0  <=>  floor(p) >= 0;  p < size  <=>  floor(p) < size. Infinite offsets split into
+    // a +-2^30 floor, far outside.
+    if !(y0 >= 0 && y0 < hi && x0 >= 0 && x0 < wi) {
+        return Sample::Outside;
+    }
+    // Here h, w >= 1, so `size - 1` is a valid row/column.
+    let (y1, ly) = if y0 == hi - 1 {
+        (y0, T::ZERO)
+    } else {
+        (y0 + 1, ly)
+    };
+    let (x1, lx) = if x0 == wi - 1 {
+        (x0, T::ZERO)
+    } else {
+        (x0 + 1, lx)
+    };
+    let idx = |r: isize, s: isize| {
+        debug_assert!((0..hi).contains(&r) && (0..wi).contains(&s));
+        r as usize * w + s as usize
+    };
+    Sample::Inside(Corners {
+        y0,
+        x0,
+        ly,
+        lx,
+        index: [idx(y0, x0), idx(y0, x1), idx(y1, x0), idx(y1, x1)],
+        valid: [true; 4],
+    })
+}
+
+/// `(Wy, Wx)` on already located corners (invalid corners reading 0).
+#[inline]
+fn derivatives<T: Float>(c: &Corners<T>, plane: &[T]) -> (T, T) {
+    let [v00, v01, v10, v11] = c.values(plane);
+    let (ly, lx) = (c.ly, c.lx);
+    let wy = lx * (v11 - v01) + (T::ONE - lx) * (v10 - v00);
+    let wx = ly * (v11 - v10) + (T::ONE - ly) * (v01 - v00);
+    (wy, wx)
+}
+
+/// `(Wy, Wx)` under `conv`'s rule (see [`Convention`]):
+///
+/// - [`Convention::Torchvision`]: exactly [`coordinate_weights`] (no window cut-off);
+/// - [`Convention::Mmcv`]: 0 where [`locate`] says `Outside`, else the same formulas;
+/// - [`Convention::DcnV1`]: 0 where [`locate_in`] says `Outside`, else the formulas on the
+///   collapsed corners (so 0 along an axis whose sample sits on the last row/column band).
+///
+/// NaN offsets give NaN in every convention.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn coordinate_weights_in<T: Float>(
+    conv: Convention,
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    plane: &[T],
+    h: usize,
+    w: usize,
+) -> (T, T) {
+    if conv == Convention::Torchvision {
+        return coordinate_weights(base_y, dy, base_x, dx, plane, h, w);
+    }
+    match locate_in(conv, base_y, dy, base_x, dx, h, w) {
+        Sample::Nan => {
+            let nan = T::from_f64(f64::NAN);
+            (nan, nan)
+        }
+        Sample::Outside => (T::ZERO, T::ZERO),
+        Sample::Inside(c) => derivatives(&c, plane),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +348,157 @@ mod tests {
         assert_eq!(wy, 5.0);
         let far = coordinate_weights(0, f64::NEG_INFINITY, 0, 0.0, &plane, 1, 2);
         assert_eq!(far, (0.0, 0.0));
+    }
+
+    /// Positions on and around both borders of an axis of `size` pixels, and integers.
+    fn border_positions(size: usize) -> Vec<f64> {
+        let s = size as f64;
+        vec![
+            -2.0,
+            -1.5,
+            -1.0 - 1e-3,
+            -1.0,
+            -1.0 + 1e-3,
+            -0.5,
+            0.0,
+            1e-3,
+            0.25,
+            1.0,
+            s - 1.0 - 1e-3,
+            s - 1.0,
+            s - 1.0 + 1e-3,
+            s - 0.5,
+            s - 1e-3,
+            s,
+            s + 1e-3,
+            s + 0.5,
+        ]
+    }
+
+    #[test]
+    fn every_convention_follows_the_reference_rule() {
+        use crate::reference;
+        let (h, w) = (3usize, 4usize);
+        let plane: Vec<f64> = (0..h * w)
+            .map(|i| ((i * 7 + 3) % 11) as f64 - 5.0 + 0.25 * i as f64)
+            .collect();
+        let input = ndarray::Array4::from_shape_vec((1, 1, h, w), plane.clone()).unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs());
+        // Kernels form positions as an integer base plus the offset: do the same.
+        let (by, bx) = (1isize, 2isize);
+        let mut inside_seen = [0usize; 3];
+        for (ci, conv) in Convention::ALL.into_iter().enumerate() {
+            for &py in &border_positions(h) {
+                for &px in &border_positions(w) {
+                    let (dy, dx) = (py - by as f64, px - bx as f64);
+                    let at = format!("{conv:?} at ({py}, {px})");
+                    match (
+                        locate_in(conv, by, dy, bx, dx, h, w),
+                        reference::corners(conv, h, w, py, px),
+                    ) {
+                        (Sample::Outside, None) => {}
+                        (Sample::Inside(c), Some(cs)) => {
+                            inside_seen[ci] += 1;
+                            let b = reference::bilinear(conv, &input.view(), 0, 0, py, px);
+                            assert!(close(c.interpolate(&plane), b), "{at}: value");
+                            // The input-gradient footprint: weights summed per pixel.
+                            let (mut fast, mut slow) = (vec![0.0; h * w], vec![0.0; h * w]);
+                            for (k, wt) in c.weights().into_iter().enumerate() {
+                                if c.valid[k] {
+                                    fast[c.index[k]] += wt;
+                                }
+                            }
+                            for (r, s, wt) in cs {
+                                if r >= 0.0 && r < h as f64 && s >= 0.0 && s < w as f64 {
+                                    slow[r as usize * w + s as usize] += wt;
+                                }
+                            }
+                            for (f, r) in fast.iter().zip(&slow) {
+                                assert!(close(*f, *r), "{at}: footprint {fast:?} vs {slow:?}");
+                            }
+                        }
+                        (got, want) => panic!("{at}: located {got:?}, reference {want:?}"),
+                    }
+                    let (wy, wx) = coordinate_weights_in(conv, by, dy, bx, dx, &plane, h, w);
+                    let (ry, rx) = reference::coordinate_weights(conv, &input.view(), 0, 0, py, px);
+                    assert!(
+                        close(wy, ry) && close(wx, rx),
+                        "{at}: ({wy}, {wx}) vs ({ry}, {rx})"
+                    );
+                }
+            }
+        }
+        // Torchvision and mmcv share the window; DCN v1's is smaller.
+        assert_eq!(inside_seen[0], inside_seen[1]);
+        assert!(inside_seen[2] > 0 && inside_seen[2] < inside_seen[0]);
+    }
+
+    #[test]
+    fn torchvision_convention_is_the_default_path() {
+        let plane: Vec<f64> = (0..12).map(|i| (i * i) as f64).collect();
+        for &py in &border_positions(3) {
+            for &px in &border_positions(4) {
+                let conv = Convention::Torchvision;
+                assert_eq!(
+                    locate_in(conv, 0, py, 0, px, 3, 4),
+                    locate(0, py, 0, px, 3, 4)
+                );
+                assert_eq!(
+                    coordinate_weights_in(conv, 0, py, 0, px, &plane, 3, 4),
+                    coordinate_weights(0, py, 0, px, &plane, 3, 4)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn dcn_v1_collapses_the_last_row_and_column() {
+        // 2 x 3 plane, sample at (1.5, 2.25): both axes in their last band.
+        let plane = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let Sample::Inside(c) = locate_in(Convention::DcnV1, 1, 0.5, 2, 0.25, 2, 3) else {
+            panic!("inside")
+        };
+        assert_eq!((c.y0, c.x0, c.ly, c.lx), (1, 2, 0.0, 0.0));
+        assert_eq!(c.index, [5, 5, 5, 5]);
+        assert_eq!(c.interpolate(&plane), 6.0);
+        let cw =
+            |dy: f64, dx: f64| coordinate_weights_in(Convention::DcnV1, 0, dy, 0, dx, &plane, 2, 3);
+        assert_eq!(cw(1.5, 2.25), (0.0, 0.0));
+        // (0, 0.5): Wy = v(1,·) - v(0,·) = 3, Wx = v(0,1) - v(0,0) = 1.
+        assert_eq!(cw(0.0, 0.5), (3.0, 1.0));
+        // Outside the window: (-0.5, 0) and (0, 3).
+        assert_eq!(cw(-0.5, 0.0), (0.0, 0.0));
+        assert_eq!(
+            locate_in(Convention::DcnV1, 0, -0.5, 0, 0.0, 2, 3),
+            Sample::Outside
+        );
+        assert_eq!(
+            locate_in(Convention::DcnV1, 0, 0.0, 0, 3.0, 2, 3),
+            Sample::Outside
+        );
+        // Empty planes (H = 0 with padding) have no window at all.
+        assert_eq!(
+            locate_in(Convention::DcnV1, 0, 0.0f64, 0, 0.0, 0, 3),
+            Sample::Outside
+        );
+    }
+
+    #[test]
+    fn non_finite_offsets_in_every_convention() {
+        let plane = [1.0f64, 2.0, 3.0, 4.0];
+        for conv in Convention::ALL {
+            assert_eq!(locate_in(conv, 0, f64::NAN, 0, 0.0, 2, 2), Sample::Nan);
+            let (wy, wx) = coordinate_weights_in(conv, 0, 0.0, 0, f64::NAN, &plane, 2, 2);
+            assert!(wy.is_nan() && wx.is_nan());
+            for bad in [f64::INFINITY, f64::NEG_INFINITY, 1e300, -1e300] {
+                assert_eq!(locate_in(conv, 0, bad, 0, 0.0, 2, 2), Sample::Outside);
+                assert_eq!(
+                    locate_in(conv, 0, 0.5, 0, bad as f32, 2, 2),
+                    Sample::Outside
+                );
+                let cw = coordinate_weights_in(conv, 0, bad, 0, 0.5, &plane, 2, 2);
+                assert_eq!(cw, (0.0, 0.0), "{conv:?} {bad}");
+            }
+        }
     }
 }
