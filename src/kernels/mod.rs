@@ -26,6 +26,7 @@
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
+pub(crate) mod lanes;
 
 use crate::geometry::Geometry;
 
