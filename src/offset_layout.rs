@@ -117,7 +117,7 @@ fn taps_of(
         });
     }
     let per_group = per_tap * offset_groups;
-    if channels % per_group != 0 {
+    if !channels.is_multiple_of(per_group) {
         return Err(Error::Shape {
             tensor,
             axis: "channels",

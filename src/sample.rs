@@ -43,6 +43,11 @@ pub(crate) struct Corners<T> {
     pub ly: T,
     /// `px - x0`, in `[0, 1)`.
     pub lx: T,
+    /// `1 - ly`, computed as `(floor(dy) + 1) - dy` so that it keeps full relative precision
+    /// when `ly` is close to 1 (a small negative offset), where `1 - ly` would not.
+    pub hy: T,
+    /// `1 - lx`, computed like [`Corners::hy`].
+    pub hx: T,
     /// Row-major offsets `r * W + s` of the corners `(y0,x0), (y0,x1), (y1,x0), (y1,x1)`,
     /// meaningful only where `valid` is true.
     pub index: [usize; 4],
@@ -54,8 +59,7 @@ impl<T: Float> Corners<T> {
     /// Bilinear weights of the corners, in the order of [`Corners::index`].
     #[inline]
     pub fn weights(&self) -> [T; 4] {
-        let (ly, lx) = (self.ly, self.lx);
-        let (hy, hx) = (T::ONE - ly, T::ONE - lx);
+        let (ly, lx, hy, hx) = (self.ly, self.lx, self.hy, self.hx);
         [hy * hx, hy * lx, ly * hx, ly * lx]
     }
 
@@ -82,10 +86,23 @@ impl<T: Float> Corners<T> {
 }
 
 /// Splits an offset `d` into `floor(d)` as an integer (clamped to `±2^30`, far beyond any
-/// plane, so huge or infinite offsets cannot overflow) and the exact fraction `d - floor(d)`.
+/// plane, so huge or infinite offsets cannot overflow), the fraction `d - floor(d)` and its
+/// complement `(floor(d) + 1) - d`.
 ///
 /// Working from the integer base position plus this split, instead of forming `base + d` in `T`,
-/// keeps the fraction exact in `f32` however far the output pixel is from the origin.
+/// keeps the fraction as accurate in `f32` as the offset itself however far the output pixel is
+/// from the origin. Each of the fraction and its complement is exact or within half an ulp of
+/// itself (for `|d| >= 1` both are exact; for `0 <= d < 1` the fraction is exact, for
+/// `-1 < d < 0` the complement `-d` is), so both bilinear weights of an axis keep full relative
+/// precision, which `1 - fraction` would lose for a small negative offset.
+#[inline]
+fn split_with_complement<T: Float>(d: T) -> (isize, T, T) {
+    let (whole, frac) = split(d);
+    let f = d.floor();
+    (whole, frac, (f + T::ONE) - d)
+}
+
+/// [`split_with_complement`] without the complement.
 #[inline]
 fn split<T: Float>(d: T) -> (isize, T) {
     let f = d.floor();
@@ -128,6 +145,60 @@ pub(crate) fn locate<T: Float>(
     }
 }
 
+/// [`locate`] in the flat form the gather table stores: corner offsets `row * W + col` in the
+/// order of [`Corners::index`] (`-1` for a corner outside the plane) and the corner weights.
+/// An outside sample gives no corners and zero weights, a NaN sample no corners and NaN
+/// weights. Same rule and same values as [`locate`] (tested below), but with no enum and few
+/// branches, so that it compiles to straight-line code in the gather's hot loop; offsets of
+/// magnitude `2^22` or more (and NaN) take [`locate`] itself.
+#[inline(always)]
+pub(crate) fn locate_flat<T: Float>(
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    h: usize,
+    w: usize,
+) -> ([isize; 4], [T; 4]) {
+    let limit = T::from_usize(1 << 22);
+    if !(dy.abs() < limit && dx.abs() < limit) {
+        return match locate(base_y, dy, base_x, dx, h, w) {
+            Sample::Inside(c) => (
+                [0, 1, 2, 3].map(|t| if c.valid[t] { c.index[t] as isize } else { -1 }),
+                c.weights(),
+            ),
+            Sample::Outside => ([-1; 4], [T::ZERO; 4]),
+            Sample::Nan => ([-1; 4], [T::from_f64(f64::NAN); 4]),
+        };
+    }
+    // |d| < 2^22: `split` would not clamp, so this is the same split, inline.
+    let (fy, fx) = (dy.floor(), dx.floor());
+    let (ly, lx) = (dy - fy, dx - fx);
+    let (hy, hx) = ((fy + T::ONE) - dy, (fx + T::ONE) - dx);
+    let y0 = base_y + fy.to_f64() as isize;
+    let x0 = base_x + fx.to_f64() as isize;
+    let (hi, wi) = (h as isize, w as isize);
+    let inside = (y0 >= 0 || (y0 == -1 && ly > T::ZERO))
+        && (x0 >= 0 || (x0 == -1 && lx > T::ZERO))
+        && y0 < hi
+        && x0 < wi;
+    if !inside {
+        return ([-1; 4], [T::ZERO; 4]);
+    }
+    let (vy0, vy1, vx0, vx1) = (y0 >= 0, y0 + 1 < hi, x0 >= 0, x0 + 1 < wi);
+    let at = |ok: bool, i: isize| if ok { i } else { -1 };
+    let base = y0 * wi + x0;
+    (
+        [
+            at(vy0 && vx0, base),
+            at(vy0 && vx1, base + 1),
+            at(vy1 && vx0, base + wi),
+            at(vy1 && vx1, base + wi + 1),
+        ],
+        [hy * hx, hy * lx, ly * hx, ly * lx],
+    )
+}
+
 /// Corners of the sample at `(base_y + dy, base_x + dx)` with no window cut-off (used directly
 /// by the coordinate gradient). Far-away or infinite positions give all-invalid corners.
 #[inline]
@@ -139,8 +210,8 @@ pub(crate) fn corners<T: Float>(
     h: usize,
     w: usize,
 ) -> Corners<T> {
-    let (wy, ly) = split(dy);
-    let (wx, lx) = split(dx);
+    let (wy, ly, hy) = split_with_complement(dy);
+    let (wx, lx, hx) = split_with_complement(dx);
     let (y0, x0) = (base_y + wy, base_x + wx);
     let (hi, wi) = (h as isize, w as isize);
     let ok = |r: isize, s: isize| r >= 0 && r < hi && s >= 0 && s < wi;
@@ -157,6 +228,8 @@ pub(crate) fn corners<T: Float>(
         x0,
         ly,
         lx,
+        hy,
+        hx,
         index: pts.map(|(r, s)| idx(r, s)),
         valid: pts.map(|(r, s)| ok(r, s)),
     }
@@ -229,8 +302,8 @@ fn locate_clamped<T: Float>(
     if dy.is_nan() || dx.is_nan() {
         return Sample::Nan;
     }
-    let (wy, ly) = split(dy);
-    let (wx, lx) = split(dx);
+    let (wy, ly, hy) = split_with_complement(dy);
+    let (wx, lx, hx) = split_with_complement(dx);
     let (y0, x0) = (base_y + wy, base_x + wx);
     let (hi, wi) = (h as isize, w as isize);
     // p >= 0  <=>  floor(p) >= 0;  p < size  <=>  floor(p) < size. Infinite offsets split into
@@ -239,15 +312,15 @@ fn locate_clamped<T: Float>(
         return Sample::Outside;
     }
     // Here h, w >= 1, so `size - 1` is a valid row/column.
-    let (y1, ly) = if y0 == hi - 1 {
-        (y0, T::ZERO)
+    let (y1, ly, hy) = if y0 == hi - 1 {
+        (y0, T::ZERO, T::ONE)
     } else {
-        (y0 + 1, ly)
+        (y0 + 1, ly, hy)
     };
-    let (x1, lx) = if x0 == wi - 1 {
-        (x0, T::ZERO)
+    let (x1, lx, hx) = if x0 == wi - 1 {
+        (x0, T::ZERO, T::ONE)
     } else {
-        (x0 + 1, lx)
+        (x0 + 1, lx, hx)
     };
     let idx = |r: isize, s: isize| {
         debug_assert!((0..hi).contains(&r) && (0..wi).contains(&s));
@@ -258,6 +331,8 @@ fn locate_clamped<T: Float>(
         x0,
         ly,
         lx,
+        hy,
+        hx,
         index: [idx(y0, x0), idx(y0, x1), idx(y1, x0), idx(y1, x1)],
         valid: [true; 4],
     })
@@ -338,6 +413,53 @@ mod tests {
         assert!((c.interpolate(&plane) - 15.0).abs() < 1e-12);
         let (wy, wx) = coordinate_weights(1, 0.25, 3, -0.5, &plane, 3, 4);
         assert_eq!((wy, wx), (10.0, 1.0));
+    }
+
+    #[test]
+    fn flat_form_agrees_with_locate() {
+        let offsets = [
+            0.0f32,
+            0.25,
+            -0.25,
+            -1.0,
+            1.0,
+            -0.0033831,
+            0.999_999_9,
+            -0.999_999_9,
+            2.0,
+            -2.5,
+            3.75,
+            -3.0,
+            7.0,
+            -8.0,
+            1e7,
+            -1e7,
+            1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        let (h, w) = (5usize, 7usize);
+        for base_y in -3isize..8 {
+            for base_x in [-2isize, -1, 0, 3, 6, 7, 9] {
+                for &dy in &offsets {
+                    for &dx in &offsets {
+                        let (index, weight) = locate_flat(base_y, dy, base_x, dx, h, w);
+                        let (want_index, want_weight) = match locate(base_y, dy, base_x, dx, h, w) {
+                            Sample::Inside(c) => (
+                                [0, 1, 2, 3]
+                                    .map(|t| if c.valid[t] { c.index[t] as isize } else { -1 }),
+                                c.weights(),
+                            ),
+                            Sample::Outside => ([-1; 4], [0.0; 4]),
+                            Sample::Nan => ([-1; 4], [f32::NAN; 4]),
+                        };
+                        assert_eq!(index, want_index, "{base_y} {dy} {base_x} {dx}");
+                        assert_eq!(weight.map(f32::to_bits), want_weight.map(f32::to_bits));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

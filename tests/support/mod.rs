@@ -80,7 +80,7 @@ impl Spec {
         (extra_h, extra_w): (usize, usize),
     ) -> Self {
         let c_in = groups * cin_per_group;
-        let divisors: Vec<usize> = (1..=c_in).filter(|d| c_in % d == 0).collect();
+        let divisors: Vec<usize> = (1..=c_in).filter(|d| c_in.is_multiple_of(*d)).collect();
         let offset_groups = divisors[og_pick % divisors.len()];
         let fit =
             |k: usize, dil: usize, pads: usize| (dil * (k - 1) + 1).saturating_sub(pads).max(1);

@@ -1,0 +1,196 @@
+//! The deformable bilinear gather: sampling positions and weights computed once per
+//! `(tap, pixel)` and reused for every channel of the offset group.
+
+use std::any::TypeId;
+
+use super::lanes::{self, TapRow};
+use super::Source;
+use crate::float::Float;
+use crate::sample::locate_flat;
+
+/// Corner index meaning "outside the plane: reads 0, touches nothing".
+pub(crate) const NO_CORNER: i32 = -1;
+
+/// The samples of one `(image, offset group, pixel range)`, for every tap, in structure-of-arrays
+/// form: entry `r = k * len + q` is tap `k` at pixel `start + q`.
+///
+/// For corner `t` (order `(y0,x0), (y0,x1), (y1,x0), (y1,x1)`), `index[t * K * len + r]` is the
+/// corner's offset `row * W + col` in the channel plane or [`NO_CORNER`], and
+/// `weight[t * K * len + r]` its bilinear weight. A NaN sample has NaN weights and no corners
+/// (value NaN); an outside sample has zero weights and no corners (value 0). `mask[r]` is the
+/// modulation (filled only when the convolution has a mask).
+///
+/// Size: `K * len * (4 * (4 + size_of::<T>()) + size_of::<T>())` bytes, at most 37 bytes per
+/// column-tile column and tap for `f32` — small next to the column tile itself.
+#[derive(Debug, Default)]
+pub(crate) struct SampleTable<T> {
+    index: Vec<i32>,
+    weight: Vec<T>,
+    mask: Vec<T>,
+}
+
+impl<T: Float> SampleTable<T> {
+    /// An empty table; buffers grow on first use and are reused afterwards.
+    pub(crate) fn new() -> Self {
+        SampleTable {
+            index: Vec::new(),
+            weight: Vec::new(),
+            mask: Vec::new(),
+        }
+    }
+
+    /// Computes the samples of offset group `og` for `(image, start .. start + len)`.
+    fn build(
+        &mut self,
+        src: &Source<'_, T>,
+        offset: &[T],
+        image: usize,
+        og: usize,
+        start: usize,
+        len: usize,
+    ) {
+        lanes::with_best_isa(
+            #[inline(always)]
+            || self.build_inline(src, offset, image, og, start, len),
+        )
+    }
+
+    #[inline(always)]
+    fn build_inline(
+        &mut self,
+        src: &Source<'_, T>,
+        offset: &[T],
+        image: usize,
+        og: usize,
+        start: usize,
+        len: usize,
+    ) {
+        let g = src.geo;
+        let taps = g.taps();
+        let entries = taps * len;
+        let pixels = g.out_pixels();
+        self.index.resize(4 * entries, NO_CORNER);
+        self.weight.resize(4 * entries, T::ZERO);
+        if src.mask.is_some() {
+            self.mask.resize(entries, T::ONE);
+        }
+        let offset_channels = 2 * g.offset_groups * taps;
+        let mask_channels = g.offset_groups * taps;
+        let (index, weight) = (
+            &mut self.index[..4 * entries],
+            &mut self.weight[..4 * entries],
+        );
+        let (i0, rest) = index.split_at_mut(entries);
+        let (i1, rest) = rest.split_at_mut(entries);
+        let (i2, i3) = rest.split_at_mut(entries);
+        let (w0, rest) = weight.split_at_mut(entries);
+        let (w1, rest) = rest.split_at_mut(entries);
+        let (w2, w3) = rest.split_at_mut(entries);
+        for k in 0..taps {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let ch = og * taps + k;
+            let dys = &offset[((image * offset_channels + 2 * ch) * pixels + start)..][..len];
+            let dxs = &offset[((image * offset_channels + 2 * ch + 1) * pixels + start)..][..len];
+            if let Some(mask) = src.mask {
+                let ms = &mask[((image * mask_channels + ch) * pixels + start)..][..len];
+                self.mask[k * len..(k + 1) * len].copy_from_slice(ms);
+            }
+            let (mut y, mut x) = (start / g.w_out, start % g.w_out);
+            let off_y = (i * g.dil_h) as isize - g.pad_top as isize;
+            let off_x = (j * g.dil_w) as isize - g.pad_left as isize;
+            for q in 0..len {
+                let base_y = (y * g.stride_h) as isize + off_y;
+                let base_x = (x * g.stride_w) as isize + off_x;
+                let r = k * len + q;
+                // Corner offsets fit i32: the caller checked H * W <= i32::MAX.
+                let (c, wt) = locate_flat(base_y, dys[q], base_x, dxs[q], g.h, g.w);
+                i0[r] = c[0] as i32;
+                i1[r] = c[1] as i32;
+                i2[r] = c[2] as i32;
+                i3[r] = c[3] as i32;
+                w0[r] = wt[0];
+                w1[r] = wt[1];
+                w2[r] = wt[2];
+                w3[r] = wt[3];
+                x += 1;
+                if x == g.w_out {
+                    x = 0;
+                    y += 1;
+                }
+            }
+        }
+    }
+
+    /// `row[q] = m * sum_t weight_t * v_t` for tap `k` over `plane`, corners with no index
+    /// reading 0 (so an infinite pixel outside the image cannot leak in); see
+    /// [`lanes::interpolate_scalar`] for the exact order of operations.
+    fn interpolate_row(&self, plane: &[T], k: usize, len: usize, has_mask: bool, row: &mut [T]) {
+        let entries = self.index.len() / 4;
+        let tap = TapRow {
+            index: [0, 1, 2, 3].map(|t| &self.index[t * entries + k * len..][..len]),
+            weight: [0, 1, 2, 3].map(|t| &self.weight[t * entries + k * len..][..len]),
+            mask: has_mask.then(|| &self.mask[k * len..(k + 1) * len]),
+        };
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            // SAFETY: T is f32 (same TypeId), so these are the same slices retyped.
+            let (plane, row, tap) = unsafe {
+                let cast = |s: &[T]| std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len());
+                (
+                    cast(plane),
+                    std::slice::from_raw_parts_mut(row.as_mut_ptr() as *mut f32, row.len()),
+                    TapRow {
+                        index: tap.index,
+                        weight: tap.weight.map(cast),
+                        mask: tap.mask.map(cast),
+                    },
+                )
+            };
+            lanes::interpolate_f32(plane, &tap, row);
+        } else {
+            lanes::with_best_isa(
+                #[inline(always)]
+                || lanes::interpolate_scalar(plane, &tap, row),
+            );
+        }
+    }
+}
+
+/// Fills the deformable column tile of `(image, group, start .. start + len)`:
+/// `cols[(c' * K + k) * len + q] = m * B(input[n, c], py, px)` (see `kernels` for the layout),
+/// building one [`SampleTable`] per offset group that meets the conv group.
+///
+/// The caller guarantees `H * W <= i32::MAX` and `cols.len() >= C_in/groups * K * len`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_columns<T: Float>(
+    src: &Source<'_, T>,
+    offset: &[T],
+    image: usize,
+    group: usize,
+    start: usize,
+    len: usize,
+    cols: &mut [T],
+    table: &mut SampleTable<T>,
+) {
+    let g = src.geo;
+    let taps = g.taps();
+    let cg = g.c_in_per_group();
+    let per_og = g.c_per_offset_group();
+    let plane_len = g.h * g.w;
+    debug_assert!(plane_len <= i32::MAX as usize);
+    debug_assert!(cols.len() >= cg * taps * len);
+    let (c_lo, c_hi) = (group * cg, (group + 1) * cg);
+    let mut c = c_lo;
+    while c < c_hi {
+        let og = c / per_og;
+        let chunk_end = c_hi.min((og + 1) * per_og);
+        table.build(src, offset, image, og, start, len);
+        for ch in c..chunk_end {
+            let plane = &src.input[(image * g.c_in + ch) * plane_len..][..plane_len];
+            for k in 0..taps {
+                let row = &mut cols[((ch - c_lo) * taps + k) * len..][..len];
+                table.interpolate_row(plane, k, len, src.mask.is_some(), row);
+            }
+        }
+        c = chunk_end;
+    }
+}
