@@ -13,6 +13,7 @@
 //! for the shapes every function expects.
 #![deny(missing_docs)]
 
+pub mod compare;
 mod error;
 mod float;
 mod geometry;
@@ -20,6 +21,8 @@ mod params;
 pub mod reference;
 #[allow(dead_code)] // used by the fast path as it lands
 mod sample;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::{Error, Result};
 pub use float::Float;
