@@ -13,14 +13,24 @@
 //! for the shapes every function expects.
 #![deny(missing_docs)]
 
+mod backward;
 mod error;
 mod float;
 mod geometry;
+mod kernels;
 mod params;
 pub mod reference;
 #[allow(dead_code)] // used by the fast path as it lands
 mod sample;
 
+pub use backward::{
+    conv2d_backward, conv2d_backward_into, conv2d_grad_input, conv2d_grad_input_into,
+    conv2d_grad_weight, conv2d_grad_weight_into, deform_conv2d_backward,
+    deform_conv2d_backward_into, deform_conv2d_grad_bias, deform_conv2d_grad_bias_into,
+    deform_conv2d_grad_input, deform_conv2d_grad_input_into, deform_conv2d_grad_mask,
+    deform_conv2d_grad_mask_into, deform_conv2d_grad_offset, deform_conv2d_grad_offset_into,
+    deform_conv2d_grad_weight, deform_conv2d_grad_weight_into, Grads, GradsMut, Want,
+};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use geometry::{checked_elements, Geometry};
