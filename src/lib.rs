@@ -16,11 +16,13 @@
 mod backward;
 mod error;
 mod float;
+mod forward;
 mod geometry;
 mod kernels;
 mod params;
+mod plan;
 pub mod reference;
-#[allow(dead_code)] // used by the fast path as it lands
+#[allow(dead_code)] // parts are used only by the backward pass
 mod sample;
 
 pub use backward::{
@@ -33,5 +35,6 @@ pub use backward::{
 };
 pub use error::{Error, Result};
 pub use float::Float;
+pub use forward::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into};
 pub use geometry::{checked_elements, Geometry};
 pub use params::{ConvParams, Padding};

@@ -39,6 +39,11 @@ pub(crate) struct Corners<T> {
     pub ly: T,
     /// `px - x0`, in `[0, 1)`.
     pub lx: T,
+    /// `1 - ly`, computed as `(floor(dy) + 1) - dy` so that it keeps full relative precision
+    /// when `ly` is close to 1 (a small negative offset), where `1 - ly` would not.
+    pub hy: T,
+    /// `1 - lx`, computed like [`Corners::hy`].
+    pub hx: T,
     /// Row-major offsets `r * W + s` of the corners `(y0,x0), (y0,x1), (y1,x0), (y1,x1)`,
     /// meaningful only where `valid` is true.
     pub index: [usize; 4],
@@ -50,8 +55,7 @@ impl<T: Float> Corners<T> {
     /// Bilinear weights of the corners, in the order of [`Corners::index`].
     #[inline]
     pub fn weights(&self) -> [T; 4] {
-        let (ly, lx) = (self.ly, self.lx);
-        let (hy, hx) = (T::ONE - ly, T::ONE - lx);
+        let (ly, lx, hy, hx) = (self.ly, self.lx, self.hy, self.hx);
         [hy * hx, hy * lx, ly * hx, ly * lx]
     }
 
@@ -78,10 +82,23 @@ impl<T: Float> Corners<T> {
 }
 
 /// Splits an offset `d` into `floor(d)` as an integer (clamped to `±2^30`, far beyond any
-/// plane, so huge or infinite offsets cannot overflow) and the exact fraction `d - floor(d)`.
+/// plane, so huge or infinite offsets cannot overflow), the fraction `d - floor(d)` and its
+/// complement `(floor(d) + 1) - d`.
 ///
 /// Working from the integer base position plus this split, instead of forming `base + d` in `T`,
-/// keeps the fraction exact in `f32` however far the output pixel is from the origin.
+/// keeps the fraction as accurate in `f32` as the offset itself however far the output pixel is
+/// from the origin. Each of the fraction and its complement is exact or within half an ulp of
+/// itself (for `|d| >= 1` both are exact; for `0 <= d < 1` the fraction is exact, for
+/// `-1 < d < 0` the complement `-d` is), so both bilinear weights of an axis keep full relative
+/// precision, which `1 - fraction` would lose for a small negative offset.
+#[inline]
+fn split_with_complement<T: Float>(d: T) -> (isize, T, T) {
+    let (whole, frac) = split(d);
+    let f = d.floor();
+    (whole, frac, (f + T::ONE) - d)
+}
+
+/// [`split_with_complement`] without the complement.
 #[inline]
 fn split<T: Float>(d: T) -> (isize, T) {
     let f = d.floor();
@@ -135,8 +152,8 @@ pub(crate) fn corners<T: Float>(
     h: usize,
     w: usize,
 ) -> Corners<T> {
-    let (wy, ly) = split(dy);
-    let (wx, lx) = split(dx);
+    let (wy, ly, hy) = split_with_complement(dy);
+    let (wx, lx, hx) = split_with_complement(dx);
     let (y0, x0) = (base_y + wy, base_x + wx);
     let (hi, wi) = (h as isize, w as isize);
     let ok = |r: isize, s: isize| r >= 0 && r < hi && s >= 0 && s < wi;
@@ -153,6 +170,8 @@ pub(crate) fn corners<T: Float>(
         x0,
         ly,
         lx,
+        hy,
+        hx,
         index: pts.map(|(r, s)| idx(r, s)),
         valid: pts.map(|(r, s)| ok(r, s)),
     }

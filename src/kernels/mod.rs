@@ -1,4 +1,67 @@
-//! Inner kernels of the fast path.
+//! The compute kernels of the fast path: column gathers (dense im2col, deformable bilinear
+//! gather), the one GEMM call site, and the backward's sampling table (`taps`), atomic-free
+//! col2im scatter (`col2im`) and coordinate / mask gradients (`coord`).
+//!
+//! # The column tile
+//!
+//! Both gathers fill the same matrix, for one image `n`, one convolution group `g` and one
+//! range of output pixels `start .. start + len` (row-major `p = y * W_out + x`):
+//!
+//! ```text
+//! cols[(c' * K + k) * len + q] = m * B(input[n, g * C_in/groups + c'], py, px)
+//!     c' < C_in / groups        (channel inside the conv group)
+//!     k  = i * kw + j < K       (kernel tap, K = kh * kw)
+//!     q  < len                  (pixel start + q of the tile)
+//! ```
+//!
+//! with `py`, `px`, `m`, `B` as in `reference` (for dense conv, `m = 1` and zero offsets, so
+//! `B` is the pixel itself or 0 in the padding). Rows are `(c', k)` in the order of the
+//! weight's `[C_out, C_in/groups, kh, kw]` layout, so the group's weight block
+//! `weight[g * C_out/groups ..][.., ..]` is a row-major `(C_out/groups) x (C_in/groups * K)`
+//! matrix and the tile's output is `weight_g · cols` (see [`gemm`]). The backward pass reuses
+//! this tile for `grad_weight = G_tile · colsᵀ`.
+//!
+//! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
+//! stays near 1 MiB, independent of the batch size.
+
 pub(crate) mod col2im;
 pub(crate) mod coord;
+pub(crate) mod gather;
+pub(crate) mod gemm;
+pub(crate) mod im2col;
 pub(crate) mod taps;
+
+use crate::geometry::Geometry;
+
+/// The operands of one convolution as flat standard-layout (C-order) slices.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Source<'a, T> {
+    /// The checked problem.
+    pub geo: &'a Geometry,
+    /// `[N, C_in, H, W]`.
+    pub input: &'a [T],
+    /// `[N, 2 * G_off * K, H_out, W_out]`, or `None` for a dense convolution.
+    pub offset: Option<&'a [T]>,
+    /// `[N, G_off * K, H_out, W_out]`, or `None` for a unit mask.
+    pub mask: Option<&'a [T]>,
+}
+
+/// Fills the column tile of `(image, group, start .. start + len)` into `cols` (at least
+/// `C_in/groups * K * len` elements; see the module docs for the layout), by the deformable
+/// gather when `src` has offsets and by the dense im2col otherwise.
+pub(crate) fn fill_columns<T: crate::Float>(
+    src: &Source<'_, T>,
+    image: usize,
+    group: usize,
+    start: usize,
+    len: usize,
+    cols: &mut [T],
+    scratch: &mut gather::SampleTable<T>,
+) {
+    match src.offset {
+        Some(offset) => {
+            gather::gather_columns(src, offset, image, group, start, len, cols, scratch)
+        }
+        None => im2col::im2col_columns(src, image, group, start, len, cols),
+    }
+}

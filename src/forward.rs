@@ -1,0 +1,319 @@
+//! The fast forward pass: deformable ([`deform_conv2d`]) and dense ([`conv2d`]) convolution,
+//! each also writing into a caller-provided output (`_into`).
+//!
+//! Work is split into tiles of `(image, output-pixel range)` (see `plan`), run in parallel on
+//! the caller's rayon pool. Each tile, for each conv group, fills its column tile (dense
+//! im2col, or the deformable bilinear gather) and multiplies it by the group's weight, with the
+//! bias fused into the GEMM. Every output element is written by exactly one tile, by arithmetic
+//! that depends only on the problem: results are bitwise identical for any thread count, and
+//! image `n` of a batch equals the same image computed alone.
+//!
+//! **Workspace** per concurrently running tile: a column tile of
+//! `C_in/groups * kh * kw * len` elements with `len` chosen to keep it near 1 MiB (at least 16
+//! pixels: `max(1 MiB, 16 * C_in/groups * kh * kw * size_of::<T>())`), plus a sampling table of
+//! `kh * kw * len * (5 * size_of::<T>() + 16)` bytes for the deformable gather. It does not grow
+//! with the batch size. Views that are not in standard (C-contiguous) layout are first copied
+//! to it, and an `_into` output that is not in standard layout is computed into a temporary
+//! of its size and then assigned.
+//!
+//! **Non-finite values** follow the reference: NaN in an offset gives a NaN sample (so NaN
+//! outputs for its channels' outputs); infinite offsets sample outside the image (0); NaN or
+//! infinite pixels, weights, masks or biases propagate through the sums as IEEE arithmetic does.
+
+use ndarray::{Array4, ArrayView1, ArrayView4, ArrayViewMut4, CowArray, Ix1, Ix4};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::float::Float;
+use crate::geometry::{checked_elements, Geometry};
+use crate::kernels::gather::SampleTable;
+use crate::kernels::{fill_columns, gemm, Source};
+use crate::params::ConvParams;
+use crate::plan;
+
+fn dims(shape: &[usize]) -> [usize; 4] {
+    [shape[0], shape[1], shape[2], shape[3]]
+}
+
+/// Checks the operands of a deformable convolution.
+fn deform_geometry<T: Float>(
+    input: &ArrayView4<'_, T>,
+    offset: &ArrayView4<'_, T>,
+    mask: Option<&ArrayView4<'_, T>>,
+    weight: &ArrayView4<'_, T>,
+    bias: Option<&ArrayView1<'_, T>>,
+    params: &ConvParams,
+) -> Result<Geometry> {
+    let geo = Geometry::new(dims(input.shape()), dims(weight.shape()), params)?;
+    geo.check_offset(offset.shape())?;
+    if let Some(m) = mask {
+        geo.check_mask(m.shape())?;
+    }
+    if let Some(b) = bias {
+        geo.check_bias(b.len())?;
+    }
+    // The gather addresses a channel plane with 32-bit corner indices.
+    let plane_fits = matches!(geo.h.checked_mul(geo.w), Some(hw) if hw <= i32::MAX as usize);
+    if !plane_fits {
+        return Err(Error::TooLarge {
+            what: format!(
+                "input plane of {} x {} pixels for the deformable gather (at most 2^31 - 1 pixels)",
+                geo.h, geo.w
+            ),
+        });
+    }
+    Ok(geo)
+}
+
+/// Checks the operands of a dense convolution.
+fn dense_geometry<T: Float>(
+    input: &ArrayView4<'_, T>,
+    weight: &ArrayView4<'_, T>,
+    bias: Option<&ArrayView1<'_, T>>,
+    params: &ConvParams,
+) -> Result<Geometry> {
+    let geo = Geometry::new(dims(input.shape()), dims(weight.shape()), params)?;
+    if let Some(b) = bias {
+        geo.check_bias(b.len())?;
+    }
+    Ok(geo)
+}
+
+/// A contiguous C-order slice of `view`, copying only if its layout is not standard.
+fn standard<'a, T: Float>(view: ArrayView4<'a, T>) -> CowArray<'a, T, Ix4> {
+    if view.is_standard_layout() {
+        CowArray::from(view)
+    } else {
+        CowArray::from(view.as_standard_layout().into_owned())
+    }
+}
+
+/// [`standard`] for a vector.
+fn standard1<'a, T: Float>(view: ArrayView1<'a, T>) -> CowArray<'a, T, Ix1> {
+    if view.is_standard_layout() {
+        CowArray::from(view)
+    } else {
+        CowArray::from(view.to_owned())
+    }
+}
+
+fn slice_of<'a, T, D: ndarray::Dimension>(a: &'a CowArray<'_, T, D>) -> Result<&'a [T]> {
+    a.as_slice().ok_or_else(|| Error::Param {
+        name: "layout",
+        rule: "internal: a standard-layout copy was not contiguous".into(),
+    })
+}
+
+/// The output base pointer, shared by the tiles; each tile writes only its own elements.
+#[derive(Clone, Copy)]
+struct SharedOut<T>(*mut T);
+
+// SAFETY: the pointer is only used to write disjoint elements (one tile each, see `plan`), and
+// `T: Send` values may be written from any thread.
+unsafe impl<T: Send> Send for SharedOut<T> {}
+// SAFETY: as above; no element is read or written by two tasks.
+unsafe impl<T: Send> Sync for SharedOut<T> {}
+
+impl<T> SharedOut<T> {
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+/// The shared driver: validated operands in, every element of `out` overwritten.
+#[allow(clippy::too_many_arguments)]
+fn run<T: Float>(
+    geo: &Geometry,
+    input: ArrayView4<'_, T>,
+    offset: Option<ArrayView4<'_, T>>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    mut out: ArrayViewMut4<'_, T>,
+) -> Result<()> {
+    geo.check_out("out", out.shape())?;
+    if geo.n == 0 {
+        return Ok(());
+    }
+    if !out.is_standard_layout() {
+        let mut tmp = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
+        run(geo, input, offset, mask, weight, bias, tmp.view_mut())?;
+        out.assign(&tmp);
+        return Ok(());
+    }
+    let input = standard(input);
+    let offset = offset.map(standard);
+    let mask = mask.map(standard);
+    let weight = standard(weight);
+    let bias = bias.map(standard1);
+    let src = Source {
+        geo,
+        input: slice_of(&input)?,
+        offset: offset.as_ref().map(slice_of).transpose()?,
+        mask: mask.as_ref().map(slice_of).transpose()?,
+    };
+    let weight = slice_of(&weight)?;
+    let bias = bias.as_ref().map(slice_of).transpose()?;
+
+    let elem = std::mem::size_of::<T>();
+    let (tile_len, tiles) = plan::forward_tiles(geo, elem);
+    let depth = geo.c_in_per_group() * geo.taps();
+    let cols_len = checked_elements("column tile", &[depth, tile_len], elem)?;
+    let rows = geo.c_out_per_group();
+    let pixels = geo.out_pixels();
+    let out_slice = out.as_slice_mut().ok_or_else(|| Error::Param {
+        name: "out",
+        rule: "internal: a standard-layout output was not contiguous".into(),
+    })?;
+    debug_assert_eq!(out_slice.len(), geo.n * geo.c_out * pixels);
+    let shared = SharedOut(out_slice.as_mut_ptr());
+
+    tiles.par_iter().for_each_init(
+        || (vec![T::ZERO; cols_len], SampleTable::<T>::new()),
+        |(cols, table), tile| {
+            let cols = &mut cols[..depth * tile.len];
+            for group in 0..geo.groups {
+                fill_columns(&src, tile.image, group, tile.start, tile.len, cols, table);
+                let a = &weight[group * rows * depth..][..rows * depth];
+                let b = bias.map(|b| &b[group * rows..][..rows]);
+                let first = (tile.image * geo.c_out + group * rows) * pixels + tile.start;
+                // SAFETY: rows `group * rows ..` of image `tile.image`, pixels
+                // `tile.start .. + tile.len` at row stride `pixels` lie inside `out_slice`
+                // (start + len <= pixels) and belong to this tile alone: tiles partition
+                // (image, pixel) and each group owns its own output channels.
+                unsafe {
+                    debug_assert!(
+                        first + (rows - 1) * pixels + tile.len <= geo.n * geo.c_out * pixels
+                    );
+                    gemm::multiply_tile(
+                        a,
+                        rows,
+                        depth,
+                        cols,
+                        tile.len,
+                        b,
+                        shared.get().add(first),
+                        pixels,
+                    );
+                }
+            }
+        },
+    );
+    Ok(())
+}
+
+/// Deformable convolution, forward (DCN v1 without `mask`, DCN v2 with), torchvision's
+/// semantics:
+///
+/// ```text
+/// out[n, o, y, x] = bias[o] + sum_{c' < C_in/groups} sum_{i, j} weight[o, c', i, j] * m * B(input[n, c], py, px)
+/// py = y * stride_h - pad_top  + i * dil_h + offset[n, 2 (g K + k),     y, x]
+/// px = x * stride_w - pad_left + j * dil_w + offset[n, 2 (g K + k) + 1, y, x]
+/// ```
+///
+/// with `c = group(o) * C_in/groups + c'`, `g` the offset group of `c`, `k = i * kw + j`,
+/// `m = mask[n, g K + k, y, x]` (1 without mask) and `B` bilinear sampling with zeros outside
+/// (see [`crate::reference`]). Shapes: input `[N, C_in, H, W]`, offset
+/// `[N, 2 G_off kh kw, H_out, W_out]`, mask `[N, G_off kh kw, H_out, W_out]`, weight
+/// `[C_out, C_in/groups, kh, kw]`, bias `[C_out]`; the result is `[N, C_out, H_out, W_out]`.
+/// Errors name the operand and axis at fault; nothing panics.
+///
+/// ```
+/// use deformconv::{deform_conv2d, ConvParams};
+/// use ndarray::Array4;
+/// // A 1x1 kernel with offset (0.5, 0) averages each pixel with the one below it.
+/// let input = Array4::from_shape_vec((1, 1, 2, 1), vec![1.0f32, 3.0]).unwrap();
+/// let weight = Array4::from_elem((1, 1, 1, 1), 1.0);
+/// let mut offset = Array4::zeros((1, 2, 2, 1));
+/// offset[[0, 0, 0, 0]] = 0.5;
+/// let out = deform_conv2d(input.view(), offset.view(), None, weight.view(), None,
+///                         &ConvParams::default()).unwrap();
+/// assert_eq!(out[[0, 0, 0, 0]], 2.0);
+/// assert_eq!(out[[0, 0, 1, 0]], 3.0);
+/// ```
+pub fn deform_conv2d<T: Float>(
+    input: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+) -> Result<Array4<T>> {
+    let geo = deform_geometry(
+        &input,
+        &offset,
+        mask.as_ref(),
+        &weight,
+        bias.as_ref(),
+        params,
+    )?;
+    checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
+    let mut out = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
+    run(
+        &geo,
+        input,
+        Some(offset),
+        mask,
+        weight,
+        bias,
+        out.view_mut(),
+    )?;
+    Ok(out)
+}
+
+/// [`deform_conv2d`] writing into `out` (`[N, C_out, H_out, W_out]`, any strides), every
+/// element of which is overwritten; its previous contents are never read.
+pub fn deform_conv2d_into<T: Float>(
+    input: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+    out: ArrayViewMut4<'_, T>,
+) -> Result<()> {
+    let geo = deform_geometry(
+        &input,
+        &offset,
+        mask.as_ref(),
+        &weight,
+        bias.as_ref(),
+        params,
+    )?;
+    run(&geo, input, Some(offset), mask, weight, bias, out)
+}
+
+/// Dense (strided, dilated, grouped) 2-D cross-correlation, forward:
+///
+/// ```text
+/// out[n, o, y, x] = bias[o] + sum_{c', i, j} weight[o, c', i, j] * input[n, c, y*sh - pad_top + i*dh, x*sw - pad_left + j*dw]
+/// ```
+///
+/// with pixels outside the image reading 0 and `c = group(o) * C_in/groups + c'`; equal to
+/// [`deform_conv2d`] with zero offsets and no mask, computed by a plain im2col (no bilinear
+/// work). `params.offset_groups` is validated as by [`crate::reference::conv2d`] but unused.
+pub fn conv2d<T: Float>(
+    input: ArrayView4<'_, T>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+) -> Result<Array4<T>> {
+    let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
+    checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
+    let mut out = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
+    run(&geo, input, None, None, weight, bias, out.view_mut())?;
+    Ok(out)
+}
+
+/// [`conv2d`] writing into `out` (`[N, C_out, H_out, W_out]`, any strides), every element of
+/// which is overwritten; its previous contents are never read.
+pub fn conv2d_into<T: Float>(
+    input: ArrayView4<'_, T>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+    out: ArrayViewMut4<'_, T>,
+) -> Result<()> {
+    let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
+    run(&geo, input, None, None, weight, bias, out)
+}
