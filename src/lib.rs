@@ -13,6 +13,7 @@
 //! for the shapes every function expects.
 #![deny(missing_docs)]
 
+mod backward;
 pub mod compare;
 mod error;
 mod float;
@@ -27,6 +28,14 @@ mod sample;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use backward::{
+    conv2d_backward, conv2d_backward_into, conv2d_grad_input, conv2d_grad_input_into,
+    conv2d_grad_weight, conv2d_grad_weight_into, deform_conv2d_backward,
+    deform_conv2d_backward_into, deform_conv2d_grad_bias, deform_conv2d_grad_bias_into,
+    deform_conv2d_grad_input, deform_conv2d_grad_input_into, deform_conv2d_grad_mask,
+    deform_conv2d_grad_mask_into, deform_conv2d_grad_offset, deform_conv2d_grad_offset_into,
+    deform_conv2d_grad_weight, deform_conv2d_grad_weight_into, Grads, GradsMut, Want,
+};
 pub use error::{Error, Result};
 pub use float::Float;
 pub use forward::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into};
