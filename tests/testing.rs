@@ -187,9 +187,9 @@ fn a_wrong_result_is_caught_at_its_index() {
     assert!(panicked.is_err());
 }
 
-/// `out = w * B` with one 1x1 tap sampling halfway between pixels 1 and -3: `sum |terms| =
-/// |w| * (0.5 * 1 + 0.5 * 3) = 2 * |w|`, `L = 1`, and with a bias of -0.25, `L = 2` and
-/// `sum |terms| = 2 * 0.5 + 0.25`.
+/// One 1x1 tap, `w = -0.5`, over a 2x1 image `[1, -3]`; the first sample sits at `(0.5, 0)`,
+/// halfway between the two pixels, the second at `(1, 0)`. Scales are `L * sum|terms| + P`
+/// with `P = sum |w| |g| |m| (|py| + |px|) * (corner sum of |v|)` (see `compare`'s docs).
 #[test]
 fn error_scale_of_a_hand_worked_case() {
     let input = Array4::from_shape_vec((1, 1, 2, 1), vec![1.0, -3.0]).unwrap();
@@ -208,19 +208,24 @@ fn error_scale_of_a_hand_worked_case() {
         params: ConvParams::default(),
     };
     let scales = error_scales(&ops).unwrap();
+    // out[0]: sum|terms| = 0.5 * (0.5 * 1 + 0.5 * 3) + 0.25 = 1.25, L = 1 + 1 (bias) + 2;
+    // P = 0.5 * (0.5 + 0) * (1 + 3) = 1.
     let out = scales.get(Output::Out).unwrap();
-    assert_eq!(out[[0, 0, 0, 0]], 2.0 * (0.5 * 2.0 + 0.25));
-    // Pixel (0,0) is read by the first sample only (weight 0.5): grad_input terms
-    // |w| * |g| * 0.5 = 0.5, one sample, one output channel.
+    assert_eq!(out[[0, 0, 0, 0]], 4.0 * 1.25 + 1.0);
+    // grad_input[0, 0]: one sample reads it with weight 0.5: |w||g| * 0.5 = 0.5, L = 1 + 2;
+    // P = |w||g| * (0.5 + 0) = 0.5.
     let gi = scales.get(Output::GradInput).unwrap();
-    assert_eq!(gi[[0, 0, 0, 0]], 0.5);
-    // Pixel (1,0) is read by both samples (weights 0.5 and 1): 2 samples, sum 0.5 + 1.0.
-    assert_eq!(gi[[0, 0, 1, 0]], 2.0 * 1.5);
-    // grad_bias: two terms of |2|.
+    assert_eq!(gi[[0, 0, 0, 0]], 3.0 * 0.5 + 0.5);
+    // grad_input[1, 0]: both samples (weights 0.5 and 1): sum 1.5, L = 2 + 2; P = 0.5 + 1.
+    assert_eq!(gi[[0, 0, 1, 0]], 4.0 * 1.5 + 1.5);
+    // grad_bias: two terms of |2|, L = 2.
     assert_eq!(scales.get(Output::GradBias).unwrap()[[0]], 2.0 * 4.0);
-    // grad_offset, first sample dy: |w||g| * (lx (..) + (1-lx)(|v10| + |v00|)) = 1 * 4, L = 1.
+    // grad_offset, first sample: dy: |w||g| (1 - lx)(|v10| + |v00|) = 4, L = 1 + 2, and P = 0
+    // (px = 0); dx: ly (|v11| + |v10|) + (1 - ly)(|v01| + |v00|) = 2, L = 3,
+    // P = 4 * |py| * (corner sum / 4) = 4 * 0.5 * 1 = 2.
     let go = scales.get(Output::GradOffset).unwrap();
-    assert_eq!(go[[0, 0, 0, 0]], 4.0);
+    assert_eq!(go[[0, 0, 0, 0]], 3.0 * 4.0);
+    assert_eq!(go[[0, 1, 0, 0]], 3.0 * 2.0 + 2.0);
     assert!(scales.get(Output::GradMask).is_none());
 
     // The bound is c * eps * scale.

@@ -11,7 +11,7 @@ use crate::float::Float;
 /// The pass rule for one element with error `err = |actual - expected|`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Criterion {
-    /// DESIGN §5: `err <= c * eps * scale`, `scale = L * sum |terms|` from
+    /// DESIGN §5: `err <= c * eps * scale`, `scale = L * sum |terms| + P` from
     /// [`error_scales`](super::error_scales).
     Bound,
     /// `numpy.allclose`: `err <= atol + rtol * |expected|`.
@@ -72,7 +72,7 @@ impl fmt::Display for Tolerance {
         match self.criterion {
             Criterion::Bound => write!(
                 f,
-                "|actual - expected| <= {} * L * {} * sum|terms| (DESIGN §5 bound)",
+                "|actual - expected| <= {} * {} * (L * sum|terms| + P) (DESIGN §5 bound)",
                 self.bound_factor,
                 eps_name(self.eps)
             ),
@@ -169,7 +169,7 @@ fn ratio(err: f64, allowed: f64) -> f64 {
 
 /// Compares `actual` with `expected` element by element under `tol`.
 ///
-/// `scale` (`L * sum |terms|`, from [`error_scales`](super::error_scales)) is required by
+/// `scale` (`L * sum |terms| + P`, from [`error_scales`](super::error_scales)) is required by
 /// [`Criterion::Bound`] and optional otherwise (it then only feeds `max_bound_ratio`). Errors
 /// when the shapes differ or the bound has no scale.
 ///

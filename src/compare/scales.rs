@@ -1,4 +1,4 @@
-//! `L * sum |terms|` per result element, from the operands (see the module docs of
+//! `L * sum |terms| + P` per result element, from the operands (see the module docs of
 //! [`compare`](super)).
 
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ pub struct Operands<'a> {
     pub params: ConvParams,
 }
 
-/// `L * sum |terms|` for every element of every result the operands define (see the module
+/// `L * sum |terms| + P` for every element of every result the operands define (see the module
 /// docs): multiply by `c * eps` to get the allowed error.
 #[derive(Debug, Clone, Default)]
 pub struct Scales {
@@ -49,6 +49,11 @@ impl Scales {
     }
 }
 
+/// Added to `L` for every result made of products: the roundings inside one term (bilinear
+/// weights, corner sum, mask and weight products) weigh like two more accumulations once
+/// multiplied by `c`.
+const IN_TERM: usize = 2;
+
 fn abs4(a: &ArrayView4<'_, f64>) -> Array4<f64> {
     a.mapv(f64::abs)
 }
@@ -57,9 +62,9 @@ fn dims(shape: &[usize]) -> [usize; 4] {
     [shape[0], shape[1], shape[2], shape[3]]
 }
 
-/// The DESIGN §5 scales `L * sum |terms|` of every result defined by `ops`: `out` always, the
-/// gradients when `grad_out` is given (`grad_mask` only with a mask, `grad_bias` only with a
-/// bias).
+/// The scales `L * sum |terms| + P` of every result defined by `ops` (see the module docs of
+/// [`compare`](super)): `out` always, the gradients when `grad_out` is given (`grad_mask` only
+/// with a mask, `grad_bias` only with a bias).
 ///
 /// Validates the operands like every entry point and returns the same errors.
 pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
@@ -81,51 +86,129 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
     let mask = ops.mask.as_ref().map(abs4);
     let bias = ops.bias.map(|b| b.mapv(f64::abs));
     let offset = ops.offset;
+    let mv = mask.as_ref().map(|m| m.view());
+    let cells = CellCentres::new(&g, &offset, mv.as_ref());
+    let (off_c, mask_c) = (cells.offset.view(), cells.mask.view());
     let mut scales = BTreeMap::new();
 
-    let l_out = (g.c_in_per_group() * g.taps() + usize::from(bias.is_some())) as f64;
-    let out = reference::deform_conv2d(
-        input.view(),
-        offset,
-        mask.as_ref().map(|m| m.view()),
-        weight.view(),
-        bias.as_ref().map(|b| b.view()),
-        p,
-    )?;
-    scales.insert(Output::Out, (out * l_out).into_dyn());
+    let l_out = (g.c_in_per_group() * g.taps() + usize::from(bias.is_some()) + IN_TERM) as f64;
+    let bv = bias.as_ref().map(|b| b.view());
+    let out = reference::deform_conv2d(input.view(), offset, mv, weight.view(), bv, p)?;
+    let out_pos =
+        reference::deform_conv2d(input.view(), off_c, Some(mask_c), weight.view(), None, p)?;
+    scales.insert(Output::Out, (out * l_out + out_pos).into_dyn());
 
     let Some(grad_out) = &ops.grad_out else {
         return Ok(Scales { scales });
     };
     let grad_out = abs4(grad_out);
     let gv = grad_out.view();
-    let mv = mask.as_ref().map(|m| m.view());
 
     let mut gi = reference::grad_input(gv, offset, mv, weight.view(), g.input_shape(), p)?;
     let counts = samples_per_pixel(&g, &offset);
     for ((n, c, r, s), v) in gi.indexed_iter_mut() {
         let og = c / g.c_per_offset_group();
-        *v *= (g.c_out_per_group() * counts[[n, og, r, s]]) as f64;
+        *v *= (g.c_out_per_group() * counts[[n, og, r, s]] + IN_TERM) as f64;
     }
+    gi += &reference::grad_input(gv, off_c, Some(mask_c), weight.view(), g.input_shape(), p)?;
     scales.insert(Output::GradInput, gi.into_dyn());
 
-    let l_group = (g.c_per_offset_group() * g.c_out_per_group()) as f64;
-    let go = offset_magnitudes(&g, &input, &offset, mv.as_ref(), &weight, &grad_out);
-    scales.insert(Output::GradOffset, (go * l_group).into_dyn());
+    // Per sample: sum_c |gcol| * (sum of the four corners |v|) / 4.
+    let corner_sums = reference::grad_mask(gv, input.view(), off_c, weight.view(), p)?;
+    let l_group = (g.c_per_offset_group() * g.c_out_per_group() + IN_TERM) as f64;
+    let mut go = offset_magnitudes(&g, &input, &offset, mv.as_ref(), &weight, &grad_out) * l_group;
+    for ((n, ch, y, x), v) in go.indexed_iter_mut() {
+        let sample = [n, ch / 2, y, x];
+        let m = mv.as_ref().map_or(1.0, |m| m[sample]);
+        // A rounding of px moves Wy, one of py moves Wx, by at most the corner sum.
+        let moved = if ch % 2 == 0 {
+            cells.abs_px[sample]
+        } else {
+            cells.abs_py[sample]
+        };
+        *v += 4.0 * m * moved * corner_sums[sample];
+    }
+    scales.insert(Output::GradOffset, go.into_dyn());
 
     if mask.is_some() {
-        let gm = reference::grad_mask(gv, input.view(), offset, weight.view(), p)?;
-        scales.insert(Output::GradMask, (gm * l_group).into_dyn());
+        let mut gm = reference::grad_mask(gv, input.view(), offset, weight.view(), p)? * l_group;
+        for ((n, k, y, x), v) in gm.indexed_iter_mut() {
+            let sample = [n, k, y, x];
+            *v += 4.0 * (cells.abs_py[sample] + cells.abs_px[sample]) * corner_sums[sample];
+        }
+        scales.insert(Output::GradMask, gm.into_dyn());
     }
 
     let l_batch = (g.n * g.out_pixels()) as f64;
-    let gw = reference::grad_weight(gv, input.view(), offset, mv, g.weight_shape(), p)?;
-    scales.insert(Output::GradWeight, (gw * l_batch).into_dyn());
+    let l_weight = l_batch + IN_TERM as f64;
+    let ws = g.weight_shape();
+    let gw = reference::grad_weight(gv, input.view(), offset, mv, ws, p)? * l_weight
+        + reference::grad_weight(gv, input.view(), off_c, Some(mask_c), ws, p)?;
+    scales.insert(Output::GradWeight, gw.into_dyn());
     if bias.is_some() {
         let gb = reference::grad_bias(gv)?;
         scales.insert(Output::GradBias, (gb * l_batch).into_dyn());
     }
     Ok(Scales { scales })
+}
+
+/// Every sample moved to the centre of its bilinear cell, `(floor(py) + 1/2, floor(px) + 1/2)`,
+/// where each of its four corners weighs exactly 1/4, with a mask `4 |m| (|py| + |px|)`: the
+/// oracle run on these operands sums `|m| (|py| + |px|) * (sum of the corners' |v|)`, the
+/// change a rounding of the sample position by `eps (|py| + |px|)` can make, over the terms.
+struct CellCentres {
+    /// Offsets that put each sample at its cell centre (NaN stays NaN, infinities stay).
+    offset: Array4<f64>,
+    /// `4 |m| (|py| + |px|)` per sample.
+    mask: Array4<f64>,
+    /// `|py|` per sample, mask-shaped.
+    abs_py: Array4<f64>,
+    /// `|px|` per sample, mask-shaped.
+    abs_px: Array4<f64>,
+}
+
+impl CellCentres {
+    fn new(g: &Geometry, offset: &ArrayView4<'_, f64>, mask: Option<&ArrayView4<'_, f64>>) -> Self {
+        let mut centred = offset.to_owned();
+        let mut cell_mask = Array4::<f64>::zeros(g.mask_shape());
+        let mut abs_py = Array4::<f64>::zeros(g.mask_shape());
+        let mut abs_px = Array4::<f64>::zeros(g.mask_shape());
+        let centre = |p: f64, d: f64| {
+            if p.is_finite() {
+                d + (p.floor() + 0.5 - p)
+            } else {
+                d
+            }
+        };
+        for n in 0..g.n {
+            for og in 0..g.offset_groups {
+                for i in 0..g.kh {
+                    for j in 0..g.kw {
+                        let ch = og * g.taps() + i * g.kw + j;
+                        for y in 0..g.h_out {
+                            for x in 0..g.w_out {
+                                let (py, px) = position(g, offset, (n, og, i, j, y, x));
+                                let (dy, dx) = (2 * ch, 2 * ch + 1);
+                                centred[[n, dy, y, x]] = centre(py, offset[[n, dy, y, x]]);
+                                centred[[n, dx, y, x]] = centre(px, offset[[n, dx, y, x]]);
+                                let m = mask.map_or(1.0, |m| m[[n, ch, y, x]]);
+                                let sample = [n, ch, y, x];
+                                abs_py[sample] = py.abs();
+                                abs_px[sample] = px.abs();
+                                cell_mask[sample] = 4.0 * m * (py.abs() + px.abs());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        CellCentres {
+            offset: centred,
+            mask: cell_mask,
+            abs_py,
+            abs_px,
+        }
+    }
 }
 
 /// Sample position `(py, px)` of tap `(i, j)` of offset group `og` at output `(y, x)`.
