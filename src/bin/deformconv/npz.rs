@@ -94,7 +94,9 @@ pub struct Npz {
 
 fn describe(e: &ReadNpzError) -> String {
     match e {
-        ReadNpzError::Zip(z) => format!("not a valid npz (zip) file: {z}"),
+        ReadNpzError::Zip(z) => {
+            format!("not a valid npz file (truncated, or not a zip archive): {z}")
+        }
         ReadNpzError::Npy(n) => format!("bad npy data: {n}"),
     }
 }
