@@ -11,6 +11,16 @@
 //!
 //! Tensors are NCHW `ndarray` views; see [`ConvParams`] for the parameters and [`Geometry`]
 //! for the shapes every function expects.
+//!
+//! ## Judging other implementations
+//!
+//! [`compare`] holds the per-element error bound of the design (§5) and a comparison report,
+//! used by the `deformconv compare` tool (`docs/oracle-guide.md`).
+//!
+//! ## Features
+//!
+//! - `testing`: the `testing` module, proptest strategies generating valid problems and
+//!   `assert_close` against the oracle under that bound, for property-testing other kernels.
 #![deny(missing_docs)]
 
 mod backward;

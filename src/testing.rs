@@ -8,7 +8,7 @@
 //!   and values above 1. Shrinking acts on the shape only (the values come from a seed that does
 //!   not shrink), so a failure shrinks to a small problem quickly.
 //! - [`Problem::report`] and [`assert_close`]: compare a kernel's results with
-//!   [`reference`](crate::reference) under the per-element DESIGN §5 bound of
+//!   [`reference`](mod@crate::reference) under the per-element DESIGN §5 bound of
 //!   [`compare`](crate::compare), the same rule as `deformconv compare`.
 //!
 //! # A downstream crate testing its own kernel
@@ -40,14 +40,14 @@ use std::fmt::Write as _;
 use ndarray::{Array1, Array4, ArrayD, ArrayView, ArrayView4, ArrayViewD, Dimension};
 use proptest::prelude::*;
 
-use crate::compare::{compare_tensor, error_scales, Operands, Report, Tolerance};
+use crate::compare::{compare_tensor, error_scales, Operands};
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::Geometry;
 use crate::params::{ConvParams, Padding};
 use crate::reference;
 
-pub use crate::compare::{Output, TensorReport};
+pub use crate::compare::{Output, Report, TensorReport, Tolerance};
 
 /// Whether an optional operand (mask, bias) is generated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +150,10 @@ fn gcd(a: usize, b: usize) -> usize {
 
 /// Rows (or columns) needed for one output: `max(1, dil * (k - 1) + 1 - pads)`.
 fn min_extent(k: usize, dil: usize, pad_sum: usize) -> usize {
-    (dil * (k - 1) + 1).saturating_sub(pad_sum).max(1)
+    dil.saturating_mul(k - 1)
+        .saturating_add(1)
+        .saturating_sub(pad_sum)
+        .max(1)
 }
 
 /// Strategy for valid [`ProblemShape`]s within `limits`; shrinks every extent and parameter
@@ -206,9 +209,11 @@ pub fn problem_shapes(limits: Limits) -> BoxedStrategy<ProblemShape> {
                 } else {
                     Padding::symmetric(top, left)
                 };
-                let c_in = groups / gcd(groups, og) * og * c_mult;
-                let h = min_extent(kh, dh, padding.top + padding.bottom) + extra_h;
-                let w = min_extent(kw, dw, padding.left + padding.right) + extra_w;
+                let c_in = (groups / gcd(groups, og))
+                    .saturating_mul(og)
+                    .saturating_mul(c_mult);
+                let h = min_extent(kh, dh, padding.top.saturating_add(padding.bottom)) + extra_h;
+                let w = min_extent(kw, dw, padding.left.saturating_add(padding.right)) + extra_w;
                 let params = ConvParams::default()
                     .stride(sh, sw)
                     .padding_sides(padding)
@@ -424,7 +429,7 @@ impl<T: Float> Problem<T> {
         self.mask.as_ref().map(|m| m.view())
     }
 
-    /// The exact (f64 [`reference`]) value of `output`.
+    /// The exact (f64 [`reference`](mod@crate::reference)) value of `output`.
     ///
     /// Errors if the problem is invalid or does not define `output` (`grad_mask` without a
     /// mask, `grad_bias` without a bias).

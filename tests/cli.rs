@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::golden_dir;
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, Dimension, IxDyn};
 use ndarray_npy::{NpzReader, NpzWriter};
 
 const BIN: &str = env!("CARGO_BIN_EXE_deformconv");
@@ -431,4 +431,86 @@ fn bench_quick_prints_what_it_computed_and_timings() {
         "{stdout}"
     );
     assert!(text(&out.stderr).contains("[7/7] W4"), "no progress line");
+}
+
+#[test]
+fn sidecar_defaults_inferred_offset_groups_and_asymmetric_padding() {
+    let dir = scratch("sidecar");
+    // depthwise_og4 without offset_groups in its JSON: inferred from the offset channels.
+    let case = golden_copy(&dir, "depthwise_og4", &[], |_| {});
+    let json = dir.join("depthwise_og4.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("offset_groups");
+    fs::write(&json, v.to_string()).unwrap();
+    let out = dir.join("og.npz");
+    expect_code(
+        &deformconv(&[Path::new("run"), &case, "-o".as_ref(), &out]),
+        0,
+        "run",
+    );
+    expect_code(
+        &deformconv(&[Path::new("compare"), &case, &out]),
+        0,
+        "compare",
+    );
+
+    // A float32 case with per-side padding (top 1, bottom 0, left 0, right 2) on a 5x4 image
+    // and a 3x3 kernel: H_out = 5 + 1 - 3 + 1 = 4, W_out = 4 + 2 - 3 + 1 = 4.
+    let wave = |shape: &[usize], phase: f32| {
+        ArrayD::from_shape_fn(IxDyn(shape), |i| {
+            let k: usize = i
+                .slice()
+                .iter()
+                .enumerate()
+                .map(|(a, &b)| (a + 3) * b)
+                .sum();
+            (k as f32 * 0.37 + phase).sin() * 1.5
+        })
+    };
+    let path = dir.join("asym.npz");
+    let mut npz = NpzWriter::new(File::create(&path).unwrap());
+    npz.add_array("input", &wave(&[1, 2, 5, 4], 0.0)).unwrap();
+    npz.add_array("offset", &wave(&[1, 18, 4, 4], 1.0)).unwrap();
+    npz.add_array("weight", &wave(&[3, 2, 3, 3], 2.0)).unwrap();
+    npz.add_array("grad_out", &wave(&[1, 3, 4, 4], 3.0))
+        .unwrap();
+    npz.finish().unwrap();
+    fs::write(
+        dir.join("asym.json"),
+        r#"{"padding": {"top": 1, "bottom": 0, "left": 0, "right": 2}}"#,
+    )
+    .unwrap();
+    let (fast, exact) = (dir.join("fast.npz"), dir.join("exact.npz"));
+    expect_code(
+        &deformconv(&[Path::new("run"), &path, "-o".as_ref(), &fast]),
+        0,
+        "fast",
+    );
+    expect_code(
+        &deformconv(&[
+            Path::new("run"),
+            &path,
+            "-o".as_ref(),
+            &exact,
+            "--exact".as_ref(),
+        ]),
+        0,
+        "exact",
+    );
+    let sidecar = fs::read_to_string(dir.join("exact.json")).unwrap();
+    assert!(
+        sidecar.contains(r#""right":2"#) && sidecar.contains(r#""top":1"#),
+        "{sidecar}"
+    );
+    let report = expect_code(
+        &deformconv(&[Path::new("compare"), &exact, &fast]),
+        0,
+        "cmp",
+    );
+    assert!(row(&report, "out").contains("[1, 3, 4, 4]"), "{report}");
+    assert!(
+        !report.contains("grad_mask"),
+        "no mask, no grad_mask: {report}"
+    );
 }

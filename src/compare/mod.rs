@@ -27,7 +27,7 @@
 //! | `grad_weight` | `grad_out * m * B(input)`                     | `N * H_out * W_out` + 2                      |
 //! | `grad_bias`   | `grad_out`                                    | `N * H_out * W_out`                          |
 //!
-//! `sum |terms|` comes from the [`reference`](crate::reference) oracle run on absolute values
+//! `sum |terms|` comes from the [`reference`](mod@crate::reference) oracle run on absolute values
 //! (`|input|`, `|mask|`, `|weight|`, `|bias|`, `|grad_out|`, the offsets unchanged): bilinear
 //! weights are non-negative, so `B(|input|) >= |B(input)|` term by term and the oracle's sum is
 //! exactly `sum |terms|`. `grad_offset` is the one exception, because its coordinate derivative

@@ -303,15 +303,17 @@ impl Context<'_> {
             .map_err(|e| bad(format!("bias: {e}")))?;
 
         let (ws, is) = (weight.shape(), input.shape());
-        let taps = ws[2] * ws[3];
-        let offset_groups = match self.json_offset_groups {
-            Some(g) => g,
-            None if taps > 0 && offset.shape()[1] % (2 * taps) == 0 => {
-                offset.shape()[1] / (2 * taps)
+        let offset_groups = match (
+            self.json_offset_groups,
+            ws[2].checked_mul(ws[3]).and_then(|t| t.checked_mul(2)),
+        ) {
+            (Some(g), _) => g,
+            (None, Some(per_group)) if per_group > 0 && offset.shape()[1] % per_group == 0 => {
+                offset.shape()[1] / per_group
             }
-            None => {
+            _ => {
                 return Err(bad(format!(
-                    "offset has {} channels, not a multiple of 2 * kh({}) * kw({})",
+                    "offset has {} channels, not a multiple of 2 * kh({}) * kw({}); give offset_groups in the JSON sidecar",
                     offset.shape()[1],
                     ws[2],
                     ws[3]
