@@ -71,7 +71,7 @@ mod tests {
         for (rows, pixels) in [(4608, 49), (2304, 4096), (72, 144), (1, 1), (10_000_000, 7)] {
             let len = tile_len(rows, pixels, 4);
             assert!(len >= 1 && len <= pixels);
-            assert!(len == pixels || len % LANE_MULTIPLE == 0);
+            assert!(len == pixels || len.is_multiple_of(LANE_MULTIPLE));
         }
         assert_eq!(tile_len(4608, 49, 4), 49);
         assert_eq!(tile_len(2304, 4096, 4), 112);

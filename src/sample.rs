@@ -141,6 +141,60 @@ pub(crate) fn locate<T: Float>(
     }
 }
 
+/// [`locate`] in the flat form the gather table stores: corner offsets `row * W + col` in the
+/// order of [`Corners::index`] (`-1` for a corner outside the plane) and the corner weights.
+/// An outside sample gives no corners and zero weights, a NaN sample no corners and NaN
+/// weights. Same rule and same values as [`locate`] (tested below), but with no enum and few
+/// branches, so that it compiles to straight-line code in the gather's hot loop; offsets of
+/// magnitude `2^22` or more (and NaN) take [`locate`] itself.
+#[inline(always)]
+pub(crate) fn locate_flat<T: Float>(
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    h: usize,
+    w: usize,
+) -> ([isize; 4], [T; 4]) {
+    let limit = T::from_usize(1 << 22);
+    if !(dy.abs() < limit && dx.abs() < limit) {
+        return match locate(base_y, dy, base_x, dx, h, w) {
+            Sample::Inside(c) => (
+                [0, 1, 2, 3].map(|t| if c.valid[t] { c.index[t] as isize } else { -1 }),
+                c.weights(),
+            ),
+            Sample::Outside => ([-1; 4], [T::ZERO; 4]),
+            Sample::Nan => ([-1; 4], [T::from_f64(f64::NAN); 4]),
+        };
+    }
+    // |d| < 2^22: `split` would not clamp, so this is the same split, inline.
+    let (fy, fx) = (dy.floor(), dx.floor());
+    let (ly, lx) = (dy - fy, dx - fx);
+    let (hy, hx) = ((fy + T::ONE) - dy, (fx + T::ONE) - dx);
+    let y0 = base_y + fy.to_f64() as isize;
+    let x0 = base_x + fx.to_f64() as isize;
+    let (hi, wi) = (h as isize, w as isize);
+    let inside = (y0 >= 0 || (y0 == -1 && ly > T::ZERO))
+        && (x0 >= 0 || (x0 == -1 && lx > T::ZERO))
+        && y0 < hi
+        && x0 < wi;
+    if !inside {
+        return ([-1; 4], [T::ZERO; 4]);
+    }
+    let (vy0, vy1, vx0, vx1) = (y0 >= 0, y0 + 1 < hi, x0 >= 0, x0 + 1 < wi);
+    let at = |ok: bool, i: isize| if ok { i } else { -1 };
+    let base = y0 * wi + x0;
+    (
+        [
+            at(vy0 && vx0, base),
+            at(vy0 && vx1, base + 1),
+            at(vy1 && vx0, base + wi),
+            at(vy1 && vx1, base + wi + 1),
+        ],
+        [hy * hx, hy * lx, ly * hx, ly * lx],
+    )
+}
+
 /// Corners of the sample at `(base_y + dy, base_x + dx)` with no window cut-off (used directly
 /// by the coordinate gradient). Far-away or infinite positions give all-invalid corners.
 #[inline]
@@ -238,6 +292,53 @@ mod tests {
         assert!((c.interpolate(&plane) - 15.0).abs() < 1e-12);
         let (wy, wx) = coordinate_weights(1, 0.25, 3, -0.5, &plane, 3, 4);
         assert_eq!((wy, wx), (10.0, 1.0));
+    }
+
+    #[test]
+    fn flat_form_agrees_with_locate() {
+        let offsets = [
+            0.0f32,
+            0.25,
+            -0.25,
+            -1.0,
+            1.0,
+            -0.0033831,
+            0.999_999_9,
+            -0.999_999_9,
+            2.0,
+            -2.5,
+            3.75,
+            -3.0,
+            7.0,
+            -8.0,
+            1e7,
+            -1e7,
+            1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        let (h, w) = (5usize, 7usize);
+        for base_y in -3isize..8 {
+            for base_x in [-2isize, -1, 0, 3, 6, 7, 9] {
+                for &dy in &offsets {
+                    for &dx in &offsets {
+                        let (index, weight) = locate_flat(base_y, dy, base_x, dx, h, w);
+                        let (want_index, want_weight) = match locate(base_y, dy, base_x, dx, h, w) {
+                            Sample::Inside(c) => (
+                                [0, 1, 2, 3]
+                                    .map(|t| if c.valid[t] { c.index[t] as isize } else { -1 }),
+                                c.weights(),
+                            ),
+                            Sample::Outside => ([-1; 4], [0.0; 4]),
+                            Sample::Nan => ([-1; 4], [f32::NAN; 4]),
+                        };
+                        assert_eq!(index, want_index, "{base_y} {dy} {base_x} {dx}");
+                        assert_eq!(weight.map(f32::to_bits), want_weight.map(f32::to_bits));
+                    }
+                }
+            }
+        }
     }
 
     #[test]

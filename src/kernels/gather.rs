@@ -1,9 +1,12 @@
 //! The deformable bilinear gather: sampling positions and weights computed once per
 //! `(tap, pixel)` and reused for every channel of the offset group.
 
+use std::any::TypeId;
+
+use super::lanes::{self, TapRow};
 use super::Source;
 use crate::float::Float;
-use crate::sample::{locate, Sample};
+use crate::sample::locate_flat;
 
 /// Corner index meaning "outside the plane: reads 0, touches nothing".
 pub(crate) const NO_CORNER: i32 = -1;
@@ -46,6 +49,22 @@ impl<T: Float> SampleTable<T> {
         start: usize,
         len: usize,
     ) {
+        lanes::with_best_isa(
+            #[inline(always)]
+            || self.build_inline(src, offset, image, og, start, len),
+        )
+    }
+
+    #[inline(always)]
+    fn build_inline(
+        &mut self,
+        src: &Source<'_, T>,
+        offset: &[T],
+        image: usize,
+        og: usize,
+        start: usize,
+        len: usize,
+    ) {
         let g = src.geo;
         let taps = g.taps();
         let entries = taps * len;
@@ -57,6 +76,16 @@ impl<T: Float> SampleTable<T> {
         }
         let offset_channels = 2 * g.offset_groups * taps;
         let mask_channels = g.offset_groups * taps;
+        let (index, weight) = (
+            &mut self.index[..4 * entries],
+            &mut self.weight[..4 * entries],
+        );
+        let (i0, rest) = index.split_at_mut(entries);
+        let (i1, rest) = rest.split_at_mut(entries);
+        let (i2, i3) = rest.split_at_mut(entries);
+        let (w0, rest) = weight.split_at_mut(entries);
+        let (w1, rest) = rest.split_at_mut(entries);
+        let (w2, w3) = rest.split_at_mut(entries);
         for k in 0..taps {
             let (i, j) = (k / g.kw, k % g.kw);
             let ch = og * taps + k;
@@ -67,29 +96,22 @@ impl<T: Float> SampleTable<T> {
                 self.mask[k * len..(k + 1) * len].copy_from_slice(ms);
             }
             let (mut y, mut x) = (start / g.w_out, start % g.w_out);
+            let off_y = (i * g.dil_h) as isize - g.pad_top as isize;
+            let off_x = (j * g.dil_w) as isize - g.pad_left as isize;
             for q in 0..len {
-                let base_y = (y * g.stride_h + i * g.dil_h) as isize - g.pad_top as isize;
-                let base_x = (x * g.stride_w + j * g.dil_w) as isize - g.pad_left as isize;
+                let base_y = (y * g.stride_h) as isize + off_y;
+                let base_x = (x * g.stride_w) as isize + off_x;
                 let r = k * len + q;
-                let (index, weight) = match locate(base_y, dys[q], base_x, dxs[q], g.h, g.w) {
-                    Sample::Inside(c) => (
-                        [0, 1, 2, 3].map(|t| {
-                            if c.valid[t] {
-                                // Fits: the caller checked H * W <= i32::MAX.
-                                c.index[t] as i32
-                            } else {
-                                NO_CORNER
-                            }
-                        }),
-                        c.weights(),
-                    ),
-                    Sample::Outside => ([NO_CORNER; 4], [T::ZERO; 4]),
-                    Sample::Nan => ([NO_CORNER; 4], [T::from_f64(f64::NAN); 4]),
-                };
-                for t in 0..4 {
-                    self.index[t * entries + r] = index[t];
-                    self.weight[t * entries + r] = weight[t];
-                }
+                // Corner offsets fit i32: the caller checked H * W <= i32::MAX.
+                let (c, wt) = locate_flat(base_y, dys[q], base_x, dxs[q], g.h, g.w);
+                i0[r] = c[0] as i32;
+                i1[r] = c[1] as i32;
+                i2[r] = c[2] as i32;
+                i3[r] = c[3] as i32;
+                w0[r] = wt[0];
+                w1[r] = wt[1];
+                w2[r] = wt[2];
+                w3[r] = wt[3];
                 x += 1;
                 if x == g.w_out {
                     x = 0;
@@ -100,36 +122,35 @@ impl<T: Float> SampleTable<T> {
     }
 
     /// `row[q] = m * sum_t weight_t * v_t` for tap `k` over `plane`, corners with no index
-    /// reading 0 (so an infinite pixel outside the image cannot leak in).
+    /// reading 0 (so an infinite pixel outside the image cannot leak in); see
+    /// [`lanes::interpolate_scalar`] for the exact order of operations.
     fn interpolate_row(&self, plane: &[T], k: usize, len: usize, has_mask: bool, row: &mut [T]) {
         let entries = self.index.len() / 4;
-        let at = |t: usize| {
-            (
-                &self.index[t * entries + k * len..][..len],
-                &self.weight[t * entries + k * len..][..len],
-            )
+        let tap = TapRow {
+            index: [0, 1, 2, 3].map(|t| &self.index[t * entries + k * len..][..len]),
+            weight: [0, 1, 2, 3].map(|t| &self.weight[t * entries + k * len..][..len]),
+            mask: has_mask.then(|| &self.mask[k * len..(k + 1) * len]),
         };
-        let (i0, w0) = at(0);
-        let (i1, w1) = at(1);
-        let (i2, w2) = at(2);
-        let (i3, w3) = at(3);
-        let read = |i: i32| {
-            if i >= 0 {
-                plane[i as usize]
-            } else {
-                T::ZERO
-            }
-        };
-        for q in 0..len {
-            row[q] = w0[q] * read(i0[q])
-                + w1[q] * read(i1[q])
-                + w2[q] * read(i2[q])
-                + w3[q] * read(i3[q]);
-        }
-        if has_mask {
-            for (v, &m) in row.iter_mut().zip(&self.mask[k * len..(k + 1) * len]) {
-                *v = m * *v;
-            }
+        if TypeId::of::<T>() == TypeId::of::<f32>() {
+            // SAFETY: T is f32 (same TypeId), so these are the same slices retyped.
+            let (plane, row, tap) = unsafe {
+                let cast = |s: &[T]| std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len());
+                (
+                    cast(plane),
+                    std::slice::from_raw_parts_mut(row.as_mut_ptr() as *mut f32, row.len()),
+                    TapRow {
+                        index: tap.index,
+                        weight: tap.weight.map(cast),
+                        mask: tap.mask.map(cast),
+                    },
+                )
+            };
+            lanes::interpolate_f32(plane, &tap, row);
+        } else {
+            lanes::with_best_isa(
+                #[inline(always)]
+                || lanes::interpolate_scalar(plane, &tap, row),
+            );
         }
     }
 }

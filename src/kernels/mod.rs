@@ -29,6 +29,7 @@ pub(crate) mod coord;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
+pub(crate) mod lanes;
 pub(crate) mod taps;
 
 use crate::geometry::Geometry;
