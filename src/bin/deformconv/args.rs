@@ -10,7 +10,8 @@ pub const USAGE: &str = "\
 usage:
   deformconv [bench] [--quick] [--repeats N]
       time workloads W1-W4 (deformable forward and backward, and our dense conv on the same
-      shapes); the default command. --quick: small shapes, for a smoke test.
+      shapes); the default command. --quick: batch / 16, for a smoke test; --repeats N
+      timed runs per measurement (default 3; the median is reported).
   deformconv run CASE.npz -o OUT.npz [--exact]
       read the inputs of CASE.npz and the parameters of CASE.json, write OUT.npz (the inputs
       and out, plus every gradient when CASE.npz has grad_out) and OUT.json. float32 cases run
@@ -179,7 +180,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Outcome<Command> {
             }
             Ok(Command::Bench(BenchArgs {
                 quick,
-                repeats: repeats.unwrap_or(if quick { 3 } else { 5 }),
+                repeats: repeats.unwrap_or(3),
             }))
         }
     }
@@ -200,7 +201,7 @@ mod tests {
             c,
             Command::Bench(BenchArgs {
                 quick: false,
-                repeats: 5
+                repeats: 3
             })
         );
         assert!(matches!(
