@@ -290,6 +290,21 @@ fn bad_files_exit_2_with_one_clear_line() {
     let text_file = dir.join("text.npz");
     fs::write(&text_file, "input,offset\n1,2\n").unwrap();
     expect_bad(&run(&text_file), "not a valid npz", "not a zip");
+    // numpy.savez_compressed stores deflated members: patch the deflate method id (8) into the
+    // local and central headers of an uncompressed archive; the reader refuses the method
+    // before inflating anything.
+    let mut deflated = bytes.clone();
+    for (sig, method_at) in [(&b"PK\x03\x04"[..], 8), (&b"PK\x01\x02"[..], 10)] {
+        let mut i = 0;
+        while let Some(p) = deflated[i..].windows(4).position(|w| w == sig) {
+            deflated[i + p + method_at] = 8;
+            i += p + 4;
+        }
+    }
+    let compressed = dir.join("compressed.npz");
+    fs::write(&compressed, &deflated).unwrap();
+    fs::copy(golden.join("batch2.json"), dir.join("compressed.json")).unwrap();
+    expect_bad(&run(&compressed), "savez_compressed", "compressed npz");
 
     // Missing arrays and sidecars.
     let no_weight = golden_copy(&dir, "k1x1", &[], |a| a.retain(|(n, _)| n != "weight"));

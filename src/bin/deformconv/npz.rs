@@ -94,6 +94,10 @@ pub struct Npz {
 
 fn describe(e: &ReadNpzError) -> String {
     match e {
+        ReadNpzError::Zip(z) if z.to_string().contains("Compression method not supported") => {
+            "compressed npz (numpy.savez_compressed) is not supported; write it with numpy.savez"
+                .to_string()
+        }
         ReadNpzError::Zip(z) => {
             format!("not a valid npz file (truncated, or not a zip archive): {z}")
         }
