@@ -13,8 +13,20 @@
 //! for the shapes every function expects. Weights, tensors and offsets laid out the way other
 //! frameworks lay them out (Lasagne, Theano, TensorFlow, TensorFlow Lite, mmcv, MindSpore) are
 //! converted by [`layout`] and [`offset_layout`].
+//!
+//! ## Judging other implementations
+//!
+//! [`compare`] holds the per-element error bound of the design (§5) and a comparison report,
+//! used by the `deformconv compare` tool (`docs/oracle-guide.md`).
+//!
+//! ## Features
+//!
+//! - `testing`: the `testing` module, proptest strategies generating valid problems and
+//!   `assert_close` against the oracle under that bound, for property-testing other kernels.
 #![deny(missing_docs)]
 
+mod backward;
+pub mod compare;
 mod convention;
 mod error;
 mod float;
@@ -28,7 +40,17 @@ mod plan;
 pub mod reference;
 #[allow(dead_code)] // parts are used only by the backward pass
 mod sample;
+#[cfg(feature = "testing")]
+pub mod testing;
 
+pub use backward::{
+    conv2d_backward, conv2d_backward_into, conv2d_grad_input, conv2d_grad_input_into,
+    conv2d_grad_weight, conv2d_grad_weight_into, deform_conv2d_backward,
+    deform_conv2d_backward_into, deform_conv2d_grad_bias, deform_conv2d_grad_bias_into,
+    deform_conv2d_grad_input, deform_conv2d_grad_input_into, deform_conv2d_grad_mask,
+    deform_conv2d_grad_mask_into, deform_conv2d_grad_offset, deform_conv2d_grad_offset_into,
+    deform_conv2d_grad_weight, deform_conv2d_grad_weight_into, Grads, GradsMut, Want,
+};
 pub use convention::Convention;
 pub use error::{Error, Result};
 pub use float::Float;

@@ -1,5 +1,6 @@
 //! The compute kernels of the fast path: column gathers (dense im2col, deformable bilinear
-//! gather) and the one GEMM call site.
+//! gather), the one GEMM call site, and the backward's sampling table (`taps`), atomic-free
+//! col2im scatter (`col2im`) and coordinate / mask gradients (`coord`).
 //!
 //! # The column tile
 //!
@@ -23,10 +24,13 @@
 //! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
 //! stays near 1 MiB, independent of the batch size.
 
+pub(crate) mod col2im;
+pub(crate) mod coord;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod lanes;
+pub(crate) mod taps;
 
 use crate::geometry::Geometry;
 

@@ -1,0 +1,728 @@
+//! The backward driver: a fixed decomposition of the problem into tasks that each own their
+//! outputs, and the per-task loop over pixel tiles.
+//!
+//! **Partition** (depends only on the problem's shape, never on the thread count or on which
+//! gradients are wanted):
+//! - images are cut into *image groups*: an image with at least [`TILE_PIXELS`] output pixels is
+//!   a group of its own, cut into near-equal pixel tiles of at most [`TILE_PIXELS`]; smaller
+//!   images are packed, whole, a near-equal number per group, into one tile of at most
+//!   [`TILE_PIXELS`] columns (so the GEMMs see wide enough matrices);
+//! - groups are dealt round-robin to `R` *slots*, `R = clamp(ceil(MIN_TASKS / G_off), 1, groups)`;
+//! - a *task* is a (slot, offset group) pair and walks its slot's groups in order.
+//!
+//! **Ownership**: a task is the only writer of `grad_input[n, c]` and of `grad_offset` /
+//! `grad_mask[n, channels of its offset group]` for the images of its slot, so it writes them
+//! without atomics; it sums over the channels of its offset group itself, in ascending order.
+//! `grad_weight` columns of an offset group's channels are summed by the task over its slot's
+//! groups in order into a private partial, and the `R` partials of each column are added in slot
+//! order at the end.
+//!
+//! **Per tile** (for each segment = offset group ∩ conv group, channels ascending):
+//! ```text
+//! taps[k, p]           = sampling of (offset group, tap, pixel)        (once per tile)
+//! gt[o, p]             = grad_out[n, group(o), p]                      (packed copy)
+//! gcol[c', k, p]       = sum_o weight[o, c', k] * gt[o, p]             (GEMM, if input/offset/mask)
+//! grad_input planes   += scatter(gcol * m, corner weights)            (col2im)
+//! grad_offset, grad_mask, cols = m * B                                 (coord)
+//! wpart[o, c', k]     += sum_p gt[o, p] * cols[c', k, p]               (GEMM, if weight)
+//! ```
+//!
+//! **Workspace** (elements of `T`, `t = min(threads, tasks)` tasks running at once, `P` =
+//! [`TILE_PIXELS`], `Cs` = channels of the largest segment, `I` = images per group (1 when
+//! `H_out W_out >= P`, else at most `P / (H_out W_out)`), `Pl = (H+2)(W+2)`):
+//! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~6 K P (taps)] + (R + 1) |weight|`;
+//! nothing grows with the batch size `N` (`R <= MIN_TASKS`).
+
+use std::ops::Range;
+
+use ndarray::{ArrayView4, ArrayViewMut3};
+use rayon::prelude::*;
+
+use crate::float::Float;
+use crate::geometry::Geometry;
+use crate::kernels::col2im::{scatter, TileShape};
+use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
+use crate::kernels::taps::{PlaneLayout, Tap};
+
+/// Most output pixels in one tile (GEMM width). Measured on W2/W4 (f32, 2 threads).
+pub(crate) const TILE_PIXELS: usize = 256;
+/// Tasks the partition aims for, independent of the thread count.
+pub(crate) const MIN_TASKS: usize = 8;
+
+/// One contiguous run of output pixels of one image inside a tile.
+#[derive(Debug, Clone)]
+struct Piece {
+    /// Image index `n`.
+    image: usize,
+    /// Pixel range `p0..p1` (row-major `y * W_out + x`).
+    pixels: Range<usize>,
+    /// Column of `p0` in the tile.
+    col0: usize,
+}
+
+/// A set of whole images processed by one task, as a list of tiles.
+#[derive(Debug, Clone)]
+struct ImageGroup {
+    images: Range<usize>,
+    tiles: Vec<Vec<Piece>>,
+}
+
+/// Channels `c_lo..c_hi` (global) of one offset group inside one conv group.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    conv_group: usize,
+    c_lo: usize,
+    c_hi: usize,
+    /// Start of this segment's block in the task's weight partial.
+    part_offset: usize,
+}
+
+/// The fixed decomposition of one problem.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    groups: Vec<ImageGroup>,
+    slots: usize,
+    max_tile: usize,
+    max_images: usize,
+}
+
+impl Plan {
+    /// The partition of the module docs for `g`.
+    pub(crate) fn new(g: &Geometry) -> Plan {
+        let hw = g.out_pixels();
+        let mut groups = Vec::new();
+        if hw >= TILE_PIXELS {
+            let n_tiles = hw.div_ceil(TILE_PIXELS);
+            let width = hw.div_ceil(n_tiles);
+            for n in 0..g.n {
+                let tiles = (0..hw)
+                    .step_by(width)
+                    .map(|p0| {
+                        vec![Piece {
+                            image: n,
+                            pixels: p0..(p0 + width).min(hw),
+                            col0: 0,
+                        }]
+                    })
+                    .collect();
+                groups.push(ImageGroup {
+                    images: n..n + 1,
+                    tiles,
+                });
+            }
+        } else if g.n > 0 {
+            let per_group = (TILE_PIXELS / hw).max(1);
+            let n_groups = g.n.div_ceil(per_group);
+            let per_group = g.n.div_ceil(n_groups);
+            for first in (0..g.n).step_by(per_group) {
+                let images = first..(first + per_group).min(g.n);
+                let tile = images
+                    .clone()
+                    .enumerate()
+                    .map(|(i, n)| Piece {
+                        image: n,
+                        pixels: 0..hw,
+                        col0: i * hw,
+                    })
+                    .collect();
+                groups.push(ImageGroup {
+                    images,
+                    tiles: vec![tile],
+                });
+            }
+        }
+        let slots = MIN_TASKS
+            .div_ceil(g.offset_groups)
+            .clamp(1, groups.len().max(1));
+        let max_tile = groups
+            .iter()
+            .flat_map(|gr| gr.tiles.iter())
+            .map(|t| t.iter().map(|p| p.pixels.len()).sum::<usize>())
+            .max()
+            .unwrap_or(0);
+        let max_images = groups.iter().map(|gr| gr.images.len()).max().unwrap_or(0);
+        Plan {
+            groups,
+            slots,
+            max_tile,
+            max_images,
+        }
+    }
+
+    /// Number of tasks, `slots * G_off` (0 for an empty batch).
+    pub(crate) fn tasks(&self, g: &Geometry) -> usize {
+        if self.groups.is_empty() {
+            0
+        } else {
+            self.slots * g.offset_groups
+        }
+    }
+
+    /// Slot of image `n`.
+    fn slot_of_image(&self, n: usize) -> usize {
+        // Groups are in image order; find the group of n.
+        let gi = self
+            .groups
+            .partition_point(|gr| gr.images.end <= n)
+            .min(self.groups.len().saturating_sub(1));
+        gi % self.slots
+    }
+
+    /// Workspace in elements of `T` (plus the sampling tables, counted via `tap_bytes /
+    /// elem_bytes`) of the backward computing `want`, with `threads` tasks at once; see the
+    /// module docs.
+    #[cfg_attr(not(test), allow(dead_code))] // the documented bound, checked by a unit test
+    pub(crate) fn workspace_elements(
+        &self,
+        g: &Geometry,
+        want: Needs,
+        threads: usize,
+        tap_elems: usize,
+    ) -> usize {
+        let running = threads.min(self.tasks(g));
+        let cpo = g.c_per_offset_group();
+        let k = g.taps();
+        let p = self.max_tile;
+        let cs = segments(g, 0)
+            .iter()
+            .map(|s| s.c_hi - s.c_lo)
+            .max()
+            .unwrap_or(0);
+        let pl = PlaneLayout { h: g.h, w: g.w }.len();
+        let planes = self.max_images * cpo * pl;
+        let mut per_task = k * p * tap_elems + g.c_out_per_group() * p + 3 * k * p;
+        if want.input_planes() {
+            per_task += planes;
+        }
+        if want.input {
+            per_task += planes;
+        }
+        if want.gcol() {
+            per_task += cs * k * p;
+        }
+        if want.weight {
+            per_task += cs * k * p;
+        }
+        let weight = g.c_out * g.c_in_per_group() * k;
+        let partials = if want.weight {
+            (self.slots + 1) * weight
+        } else {
+            0
+        };
+        running * per_task + partials
+    }
+}
+
+/// The segments of offset group `og`, with their offsets in the task's weight partial.
+fn segments(g: &Geometry, og: usize) -> Vec<Segment> {
+    let cpo = g.c_per_offset_group();
+    let cig = g.c_in_per_group();
+    let (lo, hi) = (og * cpo, (og + 1) * cpo);
+    let mut out = Vec::new();
+    let mut c = lo;
+    let mut part_offset = 0;
+    while c < hi {
+        let conv_group = c / cig;
+        let c_hi = hi.min((conv_group + 1) * cig);
+        out.push(Segment {
+            conv_group,
+            c_lo: c,
+            c_hi,
+            part_offset,
+        });
+        part_offset += g.c_out_per_group() * (c_hi - c) * g.taps();
+        c = c_hi;
+    }
+    out
+}
+
+/// Which gradients to compute (the driver's copy of `Want`, without the bias).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Needs {
+    pub input: bool,
+    pub offset: bool,
+    pub mask: bool,
+    pub weight: bool,
+}
+
+impl Needs {
+    /// Whether the column gradient `weightᵀ · grad_out` is needed.
+    pub(crate) fn gcol(&self) -> bool {
+        self.input || self.offset || self.mask
+    }
+    /// Whether the input planes are read.
+    pub(crate) fn input_planes(&self) -> bool {
+        self.offset || self.mask || self.weight
+    }
+    fn any(&self) -> bool {
+        self.gcol() || self.weight
+    }
+}
+
+/// How often each kernel ran and how much workspace was taken, for tests and diagnostics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Stats {
+    /// Column-gradient GEMMs.
+    pub gcol_gemms: usize,
+    /// col2im scatters.
+    pub scatters: usize,
+    /// Sample-gradient passes (offset / mask / columns).
+    pub sample_passes: usize,
+    /// grad_weight GEMMs.
+    pub weight_gemms: usize,
+    /// Input planes copied.
+    pub input_copies: usize,
+    /// Elements of grad_input scratch allocated.
+    pub grad_plane_elems: usize,
+    /// Elements of column / column-gradient scratch allocated.
+    pub col_elems: usize,
+    /// Elements of weight partials allocated.
+    pub weight_part_elems: usize,
+}
+
+impl Stats {
+    fn add(mut self, o: Stats) -> Stats {
+        self.gcol_gemms += o.gcol_gemms;
+        self.scatters += o.scatters;
+        self.sample_passes += o.sample_passes;
+        self.weight_gemms += o.weight_gemms;
+        self.input_copies += o.input_copies;
+        self.grad_plane_elems += o.grad_plane_elems;
+        self.col_elems += o.col_elems;
+        self.weight_part_elems += o.weight_part_elems;
+        self
+    }
+}
+
+/// The operands, validated and in standard layout where the kernels index them as slices.
+pub(crate) struct Operands<'a, T> {
+    /// `grad_out`, `[N, C_out, H_out, W_out]` row-major.
+    pub grad_out: &'a [T],
+    /// The input (any layout); required when `input_planes()`.
+    pub input: Option<ArrayView4<'a, T>>,
+    /// Offsets, row-major; `None` for the dense convolution (zero offsets).
+    pub offset: Option<&'a [T]>,
+    /// Mask, row-major; `None` for a unit mask.
+    pub mask: Option<&'a [T]>,
+    /// Weight `[C_out, C_in/groups * K]` row-major; required when `gcol()`.
+    pub weight: Option<&'a [T]>,
+}
+
+/// Per-(image, offset group) output views: `[C_in/G_off, H, W]`, `[2K, H_out, W_out]`,
+/// `[K, H_out, W_out]`.
+pub(crate) struct ImageOut<'a, T> {
+    pub input: Option<ArrayViewMut3<'a, T>>,
+    pub offset: Option<ArrayViewMut3<'a, T>>,
+    pub mask: Option<ArrayViewMut3<'a, T>>,
+}
+
+/// Runs the backward for `needs`. `outs[n * G_off + og]` are the output views of (n, og);
+/// `weight_out`, if `needs.weight`, receives `grad_weight` as `[C_out, C_in/groups * K]`
+/// row-major.
+pub(crate) fn run<T: Float>(
+    g: &Geometry,
+    ops: &Operands<'_, T>,
+    needs: Needs,
+    outs: Vec<ImageOut<'_, T>>,
+    weight_out: Option<&mut [T]>,
+) -> Stats {
+    if !needs.any() || g.n == 0 {
+        if let Some(w) = weight_out {
+            w.fill(T::ZERO);
+        }
+        return Stats::default();
+    }
+    let plan = Plan::new(g);
+    let n_tasks = plan.tasks(g);
+    let mut per_task: Vec<Vec<(usize, ImageOut<'_, T>)>> =
+        (0..n_tasks).map(|_| Vec::new()).collect();
+    for (i, out) in outs.into_iter().enumerate() {
+        let (n, og) = (i / g.offset_groups, i % g.offset_groups);
+        per_task[plan.slot_of_image(n) * g.offset_groups + og].push((n, out));
+    }
+    let results: Vec<(Vec<T>, Stats)> = per_task
+        .into_par_iter()
+        .enumerate()
+        .map(|(t, views)| {
+            let (slot, og) = (t / g.offset_groups, t % g.offset_groups);
+            Task::new(g, &plan, ops, needs, og).run(slot, views)
+        })
+        .collect();
+    let stats = results
+        .iter()
+        .fold(Stats::default(), |acc, (_, s)| acc.add(*s));
+    if let Some(w) = weight_out {
+        reduce_weight(g, &plan, &results, w);
+    }
+    stats
+}
+
+/// `grad_weight` = the slot partials added in slot order, into `[C_out, C_in/groups * K]`.
+fn reduce_weight<T: Float>(g: &Geometry, plan: &Plan, results: &[(Vec<T>, Stats)], out: &mut [T]) {
+    let cink = g.c_in_per_group() * g.taps();
+    let cog = g.c_out_per_group();
+    for og in 0..g.offset_groups {
+        for seg in segments(g, og) {
+            let rows = (seg.c_hi - seg.c_lo) * g.taps();
+            let col0 = (seg.c_lo - seg.conv_group * g.c_in_per_group()) * g.taps();
+            for o in 0..cog {
+                let dst = &mut out[(seg.conv_group * cog + o) * cink + col0..][..rows];
+                for slot in 0..plan.slots {
+                    let part = &results[slot * g.offset_groups + og].0;
+                    let src = &part[seg.part_offset + o * rows..][..rows];
+                    if slot == 0 {
+                        dst.copy_from_slice(src);
+                    } else {
+                        for (d, &s) in dst.iter_mut().zip(src) {
+                            *d += s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The scratch and fixed facts of one (slot, offset group) task.
+struct Task<'p, 'a, T> {
+    g: &'p Geometry,
+    plan: &'p Plan,
+    ops: &'p Operands<'a, T>,
+    needs: Needs,
+    og: usize,
+    segs: Vec<Segment>,
+    layout: PlaneLayout,
+    stats: Stats,
+}
+
+impl<'p, 'a, T: Float> Task<'p, 'a, T> {
+    fn new(
+        g: &'p Geometry,
+        plan: &'p Plan,
+        ops: &'p Operands<'a, T>,
+        needs: Needs,
+        og: usize,
+    ) -> Self {
+        Task {
+            g,
+            plan,
+            ops,
+            needs,
+            og,
+            segs: segments(g, og),
+            layout: PlaneLayout { h: g.h, w: g.w },
+            stats: Stats::default(),
+        }
+    }
+
+    /// Processes the groups `slot, slot + R, ...`; `views` are the outputs of their images in
+    /// order. Returns the weight partial (empty unless wanted).
+    fn run(mut self, slot: usize, mut views: Vec<(usize, ImageOut<'_, T>)>) -> (Vec<T>, Stats) {
+        let g = self.g;
+        let needs = self.needs;
+        let k_taps = g.taps();
+        let cpo = g.c_per_offset_group();
+        let cog = g.c_out_per_group();
+        let p = self.plan.max_tile;
+        let max_rows = self
+            .segs
+            .iter()
+            .map(|s| (s.c_hi - s.c_lo) * k_taps)
+            .max()
+            .unwrap_or(0);
+        let planes_len = self.plan.max_images * cpo * self.layout.len();
+        let alloc = |on: bool, len: usize| if on { vec![T::ZERO; len] } else { Vec::new() };
+        let mut in_planes = alloc(needs.input_planes(), planes_len);
+        let mut gr_planes = alloc(needs.input, planes_len);
+        let mut gcol = alloc(needs.gcol(), max_rows * p);
+        let mut cols = alloc(needs.weight, max_rows * p);
+        let mut gt = vec![T::ZERO; cog * p];
+        let mut acc_dy = alloc(needs.offset, k_taps * p);
+        let mut acc_dx = alloc(needs.offset, k_taps * p);
+        let mut acc_m = alloc(needs.mask, k_taps * p);
+        let part_len = g.c_out_per_group() * cpo * k_taps;
+        let mut wpart = alloc(needs.weight, part_len);
+        let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
+        self.stats.grad_plane_elems += gr_planes.len();
+        self.stats.col_elems += gcol.len() + cols.len();
+        self.stats.weight_part_elems += wpart.len();
+
+        let mut first_view = 0;
+        for group in self.plan.groups.iter().skip(slot).step_by(self.plan.slots) {
+            let group_views = &mut views[first_view..first_view + group.images.len()];
+            first_view += group.images.len();
+            debug_assert!(group_views
+                .iter()
+                .zip(group.images.clone())
+                .all(|((n, _), m)| *n == m));
+            if needs.input_planes() {
+                self.load_input(group, &mut in_planes);
+            }
+            if needs.input {
+                gr_planes.fill(T::ZERO);
+            }
+            for tile in &group.tiles {
+                let width: usize = tile.iter().map(|pc| pc.pixels.len()).sum();
+                let shape = TileShape {
+                    plane_len: self.layout.len(),
+                    pitch: self.layout.pitch(),
+                    tile: width,
+                    taps: k_taps,
+                };
+                self.build_taps(group, tile, width, &mut taps);
+                if needs.offset {
+                    acc_dy[..k_taps * width].fill(T::ZERO);
+                    acc_dx[..k_taps * width].fill(T::ZERO);
+                }
+                if needs.mask {
+                    acc_m[..k_taps * width].fill(T::ZERO);
+                }
+                let mut packed_group = usize::MAX;
+                for seg in &self.segs.clone() {
+                    let rows = (seg.c_hi - seg.c_lo) * k_taps;
+                    if packed_group != seg.conv_group {
+                        self.pack_grad_out(seg.conv_group, tile, width, &mut gt);
+                        packed_group = seg.conv_group;
+                    }
+                    let local = seg.c_lo - self.og * cpo..seg.c_hi - self.og * cpo;
+                    if needs.gcol() {
+                        self.column_gradient(seg, width, &gt, &mut gcol[..rows * width]);
+                    }
+                    if needs.input {
+                        scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
+                        self.stats.scatters += 1;
+                    }
+                    if needs.input_planes() {
+                        let want = SampleWant {
+                            offset: needs.offset,
+                            mask: needs.mask,
+                            cols: needs.weight,
+                        };
+                        let out = SampleOut {
+                            dy: &mut acc_dy,
+                            dx: &mut acc_dx,
+                            mask: &mut acc_m,
+                            cols: &mut cols,
+                        };
+                        sample_gradients(&in_planes, shape, &taps, &gcol, local, want, out);
+                        self.stats.sample_passes += 1;
+                    }
+                    if needs.weight {
+                        let part = &mut wpart[seg.part_offset..][..cog * rows];
+                        self.weight_gradient(rows, width, &gt, &cols[..rows * width], part);
+                    }
+                }
+                if needs.offset || needs.mask {
+                    self.write_sample_grads(
+                        group,
+                        tile,
+                        width,
+                        group_views,
+                        &acc_dy,
+                        &acc_dx,
+                        &acc_m,
+                    );
+                }
+            }
+            if needs.input {
+                self.store_input_grad(&gr_planes, group_views);
+            }
+        }
+        (wpart, self.stats)
+    }
+
+    /// Copies the offset group's input planes of the group's images into the padded buffer
+    /// (borders stay zero).
+    fn load_input(&mut self, group: &ImageGroup, planes: &mut [T]) {
+        let Some(input) = &self.ops.input else {
+            return;
+        };
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        for (j, n) in group.images.clone().enumerate() {
+            for c in 0..cpo {
+                let plane = &mut planes[(j * cpo + c) * l.len()..][..l.len()];
+                let src = input.index_axis(ndarray::Axis(0), n);
+                let src = src.index_axis(ndarray::Axis(0), self.og * cpo + c);
+                for (r, row) in src.outer_iter().enumerate() {
+                    let dst = &mut plane[l.index(r as isize, 0)..][..l.w];
+                    for (d, &s) in dst.iter_mut().zip(row.iter()) {
+                        *d = s;
+                    }
+                }
+                self.stats.input_copies += 1;
+            }
+        }
+    }
+
+    /// The sampling table `[k][tile column]` of the tile.
+    fn build_taps(&self, group: &ImageGroup, tile: &[Piece], width: usize, taps: &mut Vec<Tap<T>>) {
+        let g = self.g;
+        let k_taps = g.taps();
+        let hw = g.out_pixels();
+        let cpo = g.c_per_offset_group();
+        let plane_len = self.layout.len();
+        taps.clear();
+        for k in 0..k_taps {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let ch = self.og * k_taps + k;
+            for pc in tile {
+                let plane0 = (pc.image - group.images.start) * cpo * plane_len;
+                let n = pc.image;
+                let oc = 2 * g.offset_groups * k_taps;
+                let mc = g.offset_groups * k_taps;
+                for p in pc.pixels.clone() {
+                    let (y, x) = (p / g.w_out, p % g.w_out);
+                    let by = (y * g.stride_h + i * g.dil_h) as isize - g.pad_top as isize;
+                    let bx = (x * g.stride_w + j * g.dil_w) as isize - g.pad_left as isize;
+                    let (dy, dx) = match self.ops.offset {
+                        Some(off) => (
+                            off[(n * oc + 2 * ch) * hw + p],
+                            off[(n * oc + 2 * ch + 1) * hw + p],
+                        ),
+                        None => (T::ZERO, T::ZERO),
+                    };
+                    let m = self.ops.mask.map_or(T::ONE, |m| m[(n * mc + ch) * hw + p]);
+                    taps.push(Tap::new(self.layout, plane0, (by, dy), (bx, dx), m));
+                }
+            }
+        }
+        debug_assert_eq!(taps.len(), k_taps * width);
+    }
+
+    /// `gt[o, col] = grad_out[n, conv_group * C_out/groups + o, p]` for the tile's pixels.
+    fn pack_grad_out(&self, conv_group: usize, tile: &[Piece], width: usize, gt: &mut [T]) {
+        let g = self.g;
+        let hw = g.out_pixels();
+        let cog = g.c_out_per_group();
+        for o in 0..cog {
+            let row = &mut gt[o * width..][..width];
+            for pc in tile {
+                let src = (pc.image * g.c_out + conv_group * cog + o) * hw;
+                let dst = &mut row[pc.col0..][..pc.pixels.len()];
+                dst.copy_from_slice(&self.ops.grad_out[src + pc.pixels.start..src + pc.pixels.end]);
+            }
+        }
+    }
+
+    /// `gcol[(c - c_lo) K + k, col] = sum_o weight[group o, c', k] * gt[o, col]`.
+    fn column_gradient(&mut self, seg: &Segment, width: usize, gt: &[T], gcol: &mut [T]) {
+        let g = self.g;
+        let Some(weight) = self.ops.weight else {
+            debug_assert!(false, "the column gradient needs the weight");
+            return;
+        };
+        let k_taps = g.taps();
+        let cink = g.c_in_per_group() * k_taps;
+        let cog = g.c_out_per_group();
+        let rows = (seg.c_hi - seg.c_lo) * k_taps;
+        let a0 =
+            seg.conv_group * cog * cink + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
+        debug_assert!(a0 + (rows - 1) + (cog - 1) * cink < weight.len());
+        debug_assert!(gt.len() >= cog * width && gcol.len() >= rows * width);
+        // SAFETY: A = weight[a0 + r + o * cink] for r < rows, o < cog stays inside `weight`
+        // (the segment's columns lie within its conv group's C_in/groups * K); B = gt is
+        // cog x width row-major and C = gcol is rows x width row-major, both checked above;
+        // gcol is a distinct exclusive buffer.
+        unsafe {
+            T::gemm(
+                rows,
+                cog,
+                width,
+                T::ONE,
+                weight.as_ptr().add(a0),
+                1,
+                cink as isize,
+                gt.as_ptr(),
+                width as isize,
+                1,
+                T::ZERO,
+                gcol.as_mut_ptr(),
+                width as isize,
+                1,
+            );
+        }
+        self.stats.gcol_gemms += 1;
+    }
+
+    /// `part[o, r] += sum_col gt[o, col] * cols[r, col]`.
+    fn weight_gradient(&mut self, rows: usize, width: usize, gt: &[T], cols: &[T], part: &mut [T]) {
+        let cog = self.g.c_out_per_group();
+        debug_assert!(gt.len() >= cog * width && cols.len() >= rows * width);
+        debug_assert!(part.len() >= cog * rows);
+        // SAFETY: A = gt (cog x width, row-major), B = colsᵀ (width x rows: element (q, r) at
+        // r * width + q), C = part (cog x rows, row-major); lengths checked above, part is an
+        // exclusive buffer distinct from both.
+        unsafe {
+            T::gemm(
+                cog,
+                width,
+                rows,
+                T::ONE,
+                gt.as_ptr(),
+                width as isize,
+                1,
+                cols.as_ptr(),
+                1,
+                width as isize,
+                T::ONE,
+                part.as_mut_ptr(),
+                rows as isize,
+                1,
+            );
+        }
+        self.stats.weight_gemms += 1;
+    }
+
+    /// Writes the tile's offset and mask gradients into the owned views.
+    #[allow(clippy::too_many_arguments)]
+    fn write_sample_grads(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        views: &mut [(usize, ImageOut<'_, T>)],
+        dy: &[T],
+        dx: &[T],
+        dm: &[T],
+    ) {
+        let g = self.g;
+        for pc in tile {
+            let out = &mut views[pc.image - group.images.start].1;
+            for k in 0..g.taps() {
+                for (q, p) in pc.pixels.clone().enumerate() {
+                    let (y, x) = (p / g.w_out, p % g.w_out);
+                    let at = k * width + pc.col0 + q;
+                    if let Some(o) = out.offset.as_mut() {
+                        o[[2 * k, y, x]] = dy[at];
+                        o[[2 * k + 1, y, x]] = dx[at];
+                    }
+                    if let Some(m) = out.mask.as_mut() {
+                        m[[k, y, x]] = dm[at];
+                    }
+                }
+            }
+        }
+    }
+
+    /// Copies the interiors of the grad_input planes into the owned views.
+    fn store_input_grad(&self, planes: &[T], views: &mut [(usize, ImageOut<'_, T>)]) {
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        for (j, (_, out)) in views.iter_mut().enumerate() {
+            let Some(view) = out.input.as_mut() else {
+                continue;
+            };
+            for c in 0..cpo {
+                let plane = &planes[(j * cpo + c) * l.len()..][..l.len()];
+                let mut dst = view.index_axis_mut(ndarray::Axis(0), c);
+                for (r, mut row) in dst.outer_iter_mut().enumerate() {
+                    let src = &plane[l.index(r as isize, 0)..][..l.w];
+                    for (d, &s) in row.iter_mut().zip(src) {
+                        *d = s;
+                    }
+                }
+            }
+        }
+    }
+}

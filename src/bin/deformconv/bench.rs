@@ -1,0 +1,382 @@
+//! `deformconv bench [--quick] [--repeats N]`: the workloads W1–W4 of the users' reports, in
+//! float32, deformable forward and backward (every gradient) against our dense convolution on
+//! the same shapes. Medians over `N` timed runs after one warm-up; threads from rayon's global
+//! pool (`RAYON_NUM_THREADS`).
+//!
+//! FLOPs: `2 * N * C_out * (C_in/groups) * kh * kw * H_out * W_out` for a forward; a backward is
+//! counted as twice that (the `grad_input` and `grad_weight` products), the offset and mask
+//! gradients on top of it are not counted.
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use deformconv::{ConvParams, Geometry, Want};
+use ndarray::{Array1, Array4};
+
+use crate::args::BenchArgs;
+use crate::failure::{Failure, Outcome};
+
+/// One benchmark shape.
+struct Workload {
+    name: &'static str,
+    input: [usize; 4],
+    weight: [usize; 4],
+    params: ConvParams,
+    mask: bool,
+    bias: bool,
+}
+
+fn workloads(quick: bool) -> Vec<Workload> {
+    // --quick keeps every shape but the batch (divided by 16, at least 1).
+    let n = |n: usize| if quick { (n / 16).max(1) } else { n };
+    let w = |name, input: [usize; 4], weight, params, mask, bias| Workload {
+        name,
+        input: [n(input[0]), input[1], input[2], input[3]],
+        weight,
+        params,
+        mask,
+        bias,
+    };
+    let p = ConvParams::default;
+    vec![
+        w("W1 mnist", [64, 8, 14, 14], [16, 8, 3, 3], p(), false, true),
+        w(
+            "W2 res5",
+            [16, 512, 7, 7],
+            [512, 512, 3, 3],
+            p().padding(1, 1).offset_groups(4),
+            false,
+            false,
+        ),
+        w(
+            "W2s res5 s2",
+            [16, 512, 14, 14],
+            [512, 512, 3, 3],
+            p().padding(1, 1).stride(2, 2).offset_groups(4),
+            false,
+            false,
+        ),
+        w(
+            "W3 dense5x5",
+            [32, 30, 64, 64],
+            [64, 30, 5, 5],
+            p().padding(2, 2),
+            false,
+            false,
+        ),
+        w(
+            "W3 dense3x3",
+            [32, 30, 64, 64],
+            [64, 30, 3, 3],
+            p().padding(1, 1),
+            false,
+            false,
+        ),
+        w(
+            "W3 dilated3x3",
+            [32, 30, 64, 64],
+            [64, 30, 3, 3],
+            p().padding(2, 2).dilation(2, 2),
+            false,
+            false,
+        ),
+        w(
+            "W4 dcnv2",
+            [2, 256, 64, 64],
+            [256, 256, 3, 3],
+            p().padding(1, 1),
+            true,
+            true,
+        ),
+    ]
+}
+
+/// SplitMix64 for reproducible operands.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        lo + (hi - lo) * ((z >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    fn array(&mut self, shape: [usize; 4], lo: f32, hi: f32) -> Array4<f32> {
+        Array4::from_shape_simple_fn(shape, || self.uniform(lo, hi))
+    }
+}
+
+/// The operands of one workload.
+struct Operands {
+    input: Array4<f32>,
+    offset: Array4<f32>,
+    mask: Option<Array4<f32>>,
+    weight: Array4<f32>,
+    bias: Option<Array1<f32>>,
+    grad_out: Array4<f32>,
+}
+
+fn operands(w: &Workload, g: &Geometry) -> Operands {
+    let mut rng = Rng(0x5EED ^ g.forward_flops() as u64);
+    // Offsets of a trained layer are mostly within a couple of pixels.
+    Operands {
+        input: rng.array(g.input_shape(), -1.0, 1.0),
+        offset: rng.array(g.offset_shape(), -2.0, 2.0),
+        mask: w.mask.then(|| rng.array(g.mask_shape(), 0.0, 1.0)),
+        weight: rng.array(g.weight_shape(), -0.1, 0.1),
+        bias: w
+            .bias
+            .then(|| Array1::from_shape_simple_fn(g.c_out, || rng.uniform(-1.0, 1.0))),
+        grad_out: rng.array(g.out_shape(), -1.0, 1.0),
+    }
+}
+
+/// Progress on stderr: one line rewritten in place on a terminal, one line per step otherwise.
+struct Progress {
+    tty: bool,
+    total: usize,
+}
+
+impl Progress {
+    fn show(&self, step: usize, what: &str) {
+        let line = format!("[{}/{}] {what}", step + 1, self.total);
+        let mut err = std::io::stderr();
+        if self.tty {
+            let _ = write!(err, "\r\x1b[2K{line}");
+            let _ = err.flush();
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
+    }
+    fn done(&self) {
+        if self.tty {
+            let _ = write!(std::io::stderr(), "\r\x1b[2K");
+        }
+    }
+}
+
+/// Median wall time of `repeats` runs of `f` after one warm-up run.
+fn median(repeats: usize, mut f: impl FnMut() -> deformconv::Result<()>) -> Outcome<Duration> {
+    let fail = |e: deformconv::Error| Failure::bad(format!("bench: {e}"));
+    f().map_err(fail)?;
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let t = Instant::now();
+        f().map_err(fail)?;
+        times.push(t.elapsed());
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+/// Timings of one workload.
+struct Row {
+    name: &'static str,
+    out_shape: [usize; 4],
+    gflop: f64,
+    fwd: Duration,
+    dense_fwd: Duration,
+    bwd: Duration,
+    dense_bwd: Duration,
+    checksum_out: f64,
+    checksum_grads: f64,
+}
+
+fn sum(a: &Array4<f32>) -> f64 {
+    a.iter().map(|&v| f64::from(v)).sum()
+}
+
+fn measure(w: &Workload, repeats: usize, progress: &Progress, step: usize) -> Outcome<Row> {
+    let g = Geometry::new(w.input, w.weight, &w.params)
+        .map_err(|e| Failure::bad(format!("bench {}: {e}", w.name)))?;
+    let ops = operands(w, &g);
+    let (x, off, wt, go, p) = (
+        ops.input.view(),
+        ops.offset.view(),
+        ops.weight.view(),
+        ops.grad_out.view(),
+        &w.params,
+    );
+    let mask = ops.mask.as_ref().map(|m| m.view());
+    let bias = ops.bias.as_ref().map(|b| b.view());
+    let mut out = Array4::<f32>::zeros(g.out_shape());
+    let label = |what: &str| format!("{}: {what} ({repeats} runs)", w.name);
+
+    progress.show(step, &label("deformable forward"));
+    let fwd = median(repeats, || {
+        deformconv::deform_conv2d_into(x, off, mask, wt, bias, p, out.view_mut())
+    })?;
+    let checksum_out = sum(&out);
+
+    progress.show(step, &label("dense forward"));
+    let dense_fwd = median(repeats, || {
+        deformconv::conv2d_into(x, wt, bias, p, out.view_mut())
+    })?;
+
+    let want = Want {
+        mask: w.mask,
+        bias: w.bias,
+        ..Want::ALL
+    };
+    progress.show(step, &label("deformable backward"));
+    let mut checksum_grads = 0.0;
+    let bwd = median(repeats, || {
+        let grads = deformconv::deform_conv2d_backward(go, x, off, mask, wt, p, want)?;
+        checksum_grads = [grads.input, grads.offset, grads.mask, grads.weight]
+            .iter()
+            .flatten()
+            .map(sum)
+            .sum();
+        Ok(())
+    })?;
+
+    progress.show(step, &label("dense backward"));
+    let dense_want = Want {
+        offset: false,
+        mask: false,
+        ..want
+    };
+    let dense_bwd = median(repeats, || {
+        deformconv::conv2d_backward(go, x, wt, p, dense_want).map(|_| ())
+    })?;
+
+    Ok(Row {
+        name: w.name,
+        out_shape: g.out_shape(),
+        gflop: g.forward_flops() / 1e9,
+        fwd,
+        dense_fwd,
+        bwd,
+        dense_bwd,
+        checksum_out,
+        checksum_grads,
+    })
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn rate(gflop: f64, d: Duration) -> String {
+    format!("{:.1}", gflop / d.as_secs_f64())
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}", a.as_secs_f64() / b.as_secs_f64())
+}
+
+fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let text: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, &w))| {
+                if i == 0 {
+                    format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
+                }
+            })
+            .collect();
+        println!("{}", text.join("  "));
+    };
+    line(header.to_vec());
+    for r in rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+}
+
+/// Runs the command.
+pub fn bench(args: &BenchArgs) -> Outcome<()> {
+    let list = workloads(args.quick);
+    let progress = Progress {
+        tty: std::io::stderr().is_terminal(),
+        total: list.len(),
+    };
+    println!(
+        "deformconv bench{}: float32, {} rayon thread(s), median of {} run(s) after a warm-up",
+        if args.quick { " --quick" } else { "" },
+        rayon::current_num_threads(),
+        args.repeats
+    );
+    let started = Instant::now();
+    let mut rows = Vec::new();
+    for (step, w) in list.iter().enumerate() {
+        rows.push(measure(w, args.repeats, &progress, step)?);
+    }
+    progress.done();
+
+    println!();
+    println!("forward (deform_conv2d vs conv2d on the same shapes)");
+    print_table(
+        &[
+            "workload",
+            "output",
+            "GFLOP",
+            "deform ms",
+            "GFLOP/s",
+            "dense ms",
+            "GFLOP/s",
+            "deform/dense",
+        ],
+        &rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.name.to_string(),
+                    format!("{:?}", r.out_shape),
+                    format!("{:.3}", r.gflop),
+                    ms(r.fwd),
+                    rate(r.gflop, r.fwd),
+                    ms(r.dense_fwd),
+                    rate(r.gflop, r.dense_fwd),
+                    ratio(r.fwd, r.dense_fwd),
+                ]
+            })
+            .collect::<Vec<_>>(),
+    );
+    println!();
+    println!("backward, every gradient (GFLOP/s counts 2x the forward FLOPs)");
+    print_table(
+        &[
+            "workload",
+            "deform ms",
+            "GFLOP/s",
+            "dense ms",
+            "GFLOP/s",
+            "deform/dense",
+            "sum(out)",
+            "sum(grads)",
+        ],
+        &rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.name.to_string(),
+                    ms(r.bwd),
+                    rate(2.0 * r.gflop, r.bwd),
+                    ms(r.dense_bwd),
+                    rate(2.0 * r.gflop, r.dense_bwd),
+                    ratio(r.bwd, r.dense_bwd),
+                    format!("{:.6e}", r.checksum_out),
+                    format!("{:.6e}", r.checksum_grads),
+                ]
+            })
+            .collect::<Vec<_>>(),
+    );
+    println!();
+    println!(
+        "total {:.1} s. sum(out): deformable forward output; sum(grads): grad_input + grad_offset + grad_mask + grad_weight",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

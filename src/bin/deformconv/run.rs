@@ -1,0 +1,140 @@
+//! `deformconv run CASE.npz -o OUT.npz [--exact]`.
+//!
+//! OUT.npz is a complete case in the golden format: the operands copied from CASE.npz, then
+//! `out` and, when CASE.npz has `grad_out`, `grad_input`, `grad_offset`, `grad_mask` (with a
+//! mask), `grad_weight` and `grad_bias` (with a bias). OUT.json holds the parameters, so that
+//! `compare` can compute the error bound from OUT alone.
+
+use deformconv::compare::Output;
+use deformconv::{reference, Want};
+use ndarray::ArrayD;
+
+use crate::args::RunArgs;
+use crate::case::{self, AnyCase, Case};
+use crate::failure::{Failure, Outcome};
+use crate::npz::{self, Element};
+
+/// Results of one case, named.
+type Results<R> = Vec<(Output, ArrayD<R>)>;
+
+fn failed(case: &std::path::Path, e: deformconv::Error) -> Failure {
+    Failure::bad(format!("{}: {e}", case.display()))
+}
+
+/// The fast path in the case's own element type.
+fn fast<T: Element>(c: &Case<T>) -> deformconv::Result<Results<T>> {
+    let mask = c.mask.as_ref().map(|m| m.view());
+    let bias = c.bias.as_ref().map(|b| b.view());
+    let (x, off, w, p) = (c.input.view(), c.offset.view(), c.weight.view(), &c.params);
+    let mut results = vec![(
+        Output::Out,
+        deformconv::deform_conv2d(x, off, mask, w, bias, p)?.into_dyn(),
+    )];
+    if let Some(go) = &c.grad_out {
+        let want = Want {
+            mask: mask.is_some(),
+            bias: bias.is_some(),
+            ..Want::ALL
+        };
+        let grads = deformconv::deform_conv2d_backward(go.view(), x, off, mask, w, p, want)?;
+        let named = [
+            (Output::GradInput, grads.input),
+            (Output::GradOffset, grads.offset),
+            (Output::GradMask, grads.mask),
+            (Output::GradWeight, grads.weight),
+        ];
+        results.extend(
+            named
+                .into_iter()
+                .filter_map(|(o, g)| g.map(|g| (o, g.into_dyn()))),
+        );
+        if let Some(gb) = grads.bias {
+            results.push((Output::GradBias, gb.into_dyn()));
+        }
+    }
+    Ok(results)
+}
+
+/// The f64 reference oracle.
+fn exact<T: Element>(c: &Case<T>) -> deformconv::Result<Results<f64>> {
+    let mask = c.mask.as_ref().map(|m| m.view());
+    let bias = c.bias.as_ref().map(|b| b.view());
+    let (x, off, w, p) = (c.input.view(), c.offset.view(), c.weight.view(), &c.params);
+    let mut results = vec![(
+        Output::Out,
+        reference::deform_conv2d(x, off, mask, w, bias, p)?.into_dyn(),
+    )];
+    if let Some(go) = &c.grad_out {
+        let go = go.view();
+        let g = &c.geometry;
+        results.push((
+            Output::GradInput,
+            reference::grad_input(go, off, mask, w, g.input_shape(), p)?.into_dyn(),
+        ));
+        results.push((
+            Output::GradOffset,
+            reference::grad_offset(go, x, off, mask, w, p)?.into_dyn(),
+        ));
+        if mask.is_some() {
+            results.push((
+                Output::GradMask,
+                reference::grad_mask(go, x, off, w, p)?.into_dyn(),
+            ));
+        }
+        results.push((
+            Output::GradWeight,
+            reference::grad_weight(go, x, off, mask, g.weight_shape(), p)?.into_dyn(),
+        ));
+        if bias.is_some() {
+            results.push((Output::GradBias, reference::grad_bias(go)?.into_dyn()));
+        }
+    }
+    Ok(results)
+}
+
+fn write_case<T: Element, R: Element>(
+    args: &RunArgs,
+    c: &Case<T>,
+    results: &Results<R>,
+    how: &str,
+) -> Outcome<()> {
+    let mut arrays = c.operand_refs();
+    for (o, a) in results {
+        arrays.push((o.name(), R::array_ref(a.view())));
+    }
+    npz::write(&args.out, &arrays)?;
+    let json = case::params_json(&c.params, c.mask.is_some(), c.bias.is_some());
+    let json_path = case::sidecar(&args.out);
+    std::fs::write(&json_path, format!("{json}\n"))
+        .map_err(|e| Failure::bad(format!("{}: cannot write: {e}", json_path.display())))?;
+    let listed: Vec<String> = results
+        .iter()
+        .map(|(o, a)| format!("{o} {:?}", a.shape()))
+        .collect();
+    println!(
+        "{}: {} ({how}, {}); parameters in {}",
+        args.out.display(),
+        listed.join(", "),
+        R::DTYPE,
+        json_path.display()
+    );
+    Ok(())
+}
+
+fn run_typed<T: Element>(args: &RunArgs, c: &Case<T>) -> Outcome<()> {
+    if args.exact {
+        let results = exact(c).map_err(|e| failed(&args.case, e))?;
+        write_case(args, c, &results, "f64 reference")
+    } else {
+        let results = fast(c).map_err(|e| failed(&args.case, e))?;
+        write_case(args, c, &results, "fast path")
+    }
+}
+
+/// Runs the command.
+pub fn run(args: &RunArgs) -> Outcome<()> {
+    match case::read(&args.case)? {
+        AnyCase::F32(c) => run_typed(args, &c),
+        AnyCase::F64(c) => run_typed(args, &c),
+    }
+}

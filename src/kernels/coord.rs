@@ -1,0 +1,201 @@
+//! Per-sample work that reads the input: the coordinate gradient (`grad_offset`), the mask
+//! gradient (`grad_mask`) and the masked bilinear columns that `grad_weight` multiplies by
+//! `grad_out`, all from the same four corner reads of the padded input planes.
+//!
+//! For channel `c`, tap `k`, pixel `p` with column gradient `g = gcol[c, k, p]`, mask `m` and
+//! corner values `v00, v01, v10, v11` (border cells read 0):
+//!
+//! ```text
+//! Wy = lx (v11 - v01) + (1 - lx)(v10 - v00)      dy[k, p] += (g m) Wy
+//! Wx = ly (v11 - v10) + (1 - ly)(v01 - v00)      dx[k, p] += (g m) Wx
+//! B  = w00 v00 + w01 v01 + w10 v10 + w11 v11     (0 outside the window)
+//! mask[k, p] += g B                              cols[c, k, p] = m B
+//! ```
+//!
+//! `Wy`, `Wx` are [`crate::sample::coordinate_weights`] evaluated on the padded plane (a unit
+//! test pins the two bitwise); the sums over `c` run in ascending channel order.
+
+use std::ops::Range;
+
+use crate::float::Float;
+use crate::kernels::col2im::TileShape;
+use crate::kernels::taps::Tap;
+
+/// What [`sample_gradients`] produces; slices not wanted may be empty.
+pub(crate) struct SampleOut<'a, T> {
+    /// `[k][tile]` accumulators of the `dy` offset gradient.
+    pub dy: &'a mut [T],
+    /// `[k][tile]` accumulators of the `dx` offset gradient.
+    pub dx: &'a mut [T],
+    /// `[k][tile]` accumulators of the mask gradient.
+    pub mask: &'a mut [T],
+    /// `[(c - channels.start) * K + k][tile]` masked bilinear columns.
+    pub cols: &'a mut [T],
+}
+
+/// Which outputs [`sample_gradients`] computes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SampleWant {
+    /// `dy` and `dx`.
+    pub offset: bool,
+    /// `mask`.
+    pub mask: bool,
+    /// `cols`.
+    pub cols: bool,
+}
+
+/// For the local channels `channels` of the padded input `planes`, accumulates the offset and
+/// mask gradients and writes the columns, as in the module docs. `gcol` rows follow `cols`' and
+/// are only read when the offset or mask gradient is wanted.
+pub(crate) fn sample_gradients<T: Float>(
+    planes: &[T],
+    shape: TileShape,
+    taps: &[Tap<T>],
+    gcol: &[T],
+    channels: Range<usize>,
+    want: SampleWant,
+    out: SampleOut<'_, T>,
+) {
+    match (want.offset, want.mask, want.cols) {
+        (true, true, true) => run::<T, true, true, true>(planes, shape, taps, gcol, channels, out),
+        (true, true, false) => {
+            run::<T, true, true, false>(planes, shape, taps, gcol, channels, out)
+        }
+        (true, false, true) => {
+            run::<T, true, false, true>(planes, shape, taps, gcol, channels, out)
+        }
+        (true, false, false) => {
+            run::<T, true, false, false>(planes, shape, taps, gcol, channels, out)
+        }
+        (false, true, true) => {
+            run::<T, false, true, true>(planes, shape, taps, gcol, channels, out)
+        }
+        (false, true, false) => {
+            run::<T, false, true, false>(planes, shape, taps, gcol, channels, out)
+        }
+        (false, false, true) => {
+            run::<T, false, false, true>(planes, shape, taps, gcol, channels, out)
+        }
+        (false, false, false) => {}
+    }
+}
+
+/// `(Wy, Wx)` from the corner values, the formula of [`crate::sample::coordinate_weights`].
+#[inline(always)]
+fn coordinate_weights<T: Float>(ly: T, lx: T, [v00, v01, v10, v11]: [T; 4]) -> (T, T) {
+    let wy = lx * (v11 - v01) + (T::ONE - lx) * (v10 - v00);
+    let wx = ly * (v11 - v10) + (T::ONE - ly) * (v01 - v00);
+    (wy, wx)
+}
+
+#[inline(always)]
+fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
+    planes: &[T],
+    shape: TileShape,
+    taps: &[Tap<T>],
+    gcol: &[T],
+    channels: Range<usize>,
+    out: SampleOut<'_, T>,
+) {
+    let TileShape {
+        plane_len,
+        pitch,
+        tile,
+        taps: k_taps,
+    } = shape;
+    let rows = channels.len() * k_taps * tile;
+    debug_assert_eq!(taps.len(), k_taps * tile);
+    debug_assert!(!(OFFSET || MASK) || gcol.len() >= rows);
+    debug_assert!(!COLS || out.cols.len() >= rows);
+    debug_assert!(!OFFSET || (out.dy.len() >= k_taps * tile && out.dx.len() >= k_taps * tile));
+    debug_assert!(!MASK || out.mask.len() >= k_taps * tile);
+    for (ci, c) in channels.enumerate() {
+        let off = c * plane_len;
+        for k in 0..k_taps {
+            let r0 = (ci * k_taps + k) * tile;
+            let tk = &taps[k * tile..][..tile];
+            for (q, e) in tk.iter().enumerate() {
+                let b = off + e.gather;
+                let cell = &planes[b..b + pitch + 2];
+                let v = [cell[0], cell[1], cell[pitch], cell[pitch + 1]];
+                let bil = if e.inside {
+                    e.weights[0] * v[0]
+                        + e.weights[1] * v[1]
+                        + e.weights[2] * v[2]
+                        + e.weights[3] * v[3]
+                } else {
+                    T::ZERO
+                };
+                if OFFSET || MASK {
+                    let g = gcol[r0 + q];
+                    if OFFSET {
+                        let (wy, wx) = coordinate_weights(e.ly, e.lx, v);
+                        let gm = g * e.m;
+                        out.dy[k * tile + q] += gm * wy;
+                        out.dx[k * tile + q] += gm * wx;
+                    }
+                    if MASK {
+                        out.mask[k * tile + q] += g * bil;
+                    }
+                }
+                if COLS {
+                    out.cols[r0 + q] = e.m * bil;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::taps::PlaneLayout;
+    use crate::sample;
+
+    /// The padded-plane evaluation equals `sample::coordinate_weights` bit for bit, including
+    /// integer positions on the border, outside positions and NaN.
+    #[test]
+    fn coordinate_weights_match_the_sampling_rule() {
+        let (h, w) = (3usize, 4usize);
+        let l = PlaneLayout { h, w };
+        let image: Vec<f64> = (0..h * w).map(|i| ((i * 7919) % 13) as f64 - 6.5).collect();
+        let mut padded = vec![0.0; l.len()];
+        for r in 0..h {
+            for s in 0..w {
+                padded[l.index(r as isize, s as isize)] = image[r * w + s];
+            }
+        }
+        let offsets = [
+            -2.5, -1.5, -1.0, -0.999, -0.5, 0.0, 0.25, 1.0, 2.0, 2.999, 3.0, 3.5, 4.0, 9.0,
+        ];
+        for &dy in &offsets {
+            for &dx in offsets.iter().chain([f64::NAN, f64::INFINITY].iter()) {
+                let t = Tap::new(l, 0, (0, dy), (0, dx), 1.0);
+                let cell = &padded[t.gather..];
+                let v = [cell[0], cell[1], cell[l.pitch()], cell[l.pitch() + 1]];
+                let got = coordinate_weights(t.ly, t.lx, v);
+                let want = sample::coordinate_weights(0, dy, 0, dx, &image, h, w);
+                let same =
+                    |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+                assert!(
+                    same(got.0, want.0) && same(got.1, want.1),
+                    "({dy}, {dx}): {got:?} vs {want:?}"
+                );
+                let bil = if t.inside {
+                    t.weights[0] * v[0]
+                        + t.weights[1] * v[1]
+                        + t.weights[2] * v[2]
+                        + t.weights[3] * v[3]
+                } else {
+                    0.0
+                };
+                let want_b = match sample::locate(0, dy, 0, dx, h, w) {
+                    sample::Sample::Inside(c) => c.interpolate(&image),
+                    sample::Sample::Outside => 0.0,
+                    sample::Sample::Nan => f64::NAN,
+                };
+                assert!(same(bil, want_b), "B({dy}, {dx}): {bil} vs {want_b}");
+            }
+        }
+    }
+}
