@@ -50,7 +50,9 @@ fuzz_target!(|data: &[u8]| {
     let input = array(&mut b, input_shape);
     let weight = array(&mut b, weight_shape);
     let offset = array(&mut b, [n, og_ch, out_hw[0], out_hw[1]]);
-    let mask = b.flag().then(|| array(&mut b, [n, mask_ch, out_hw[0], out_hw[1]]));
+    let mask = b
+        .flag()
+        .then(|| array(&mut b, [n, mask_ch, out_hw[0], out_hw[1]]));
     let bias = b.flag().then(|| Array1::from_elem(b.upto(6), 0.5));
     let grad_n = b.upto(2);
     let grad_out = array(&mut b, [grad_n, c_out, out_hw[0], out_hw[1]]);

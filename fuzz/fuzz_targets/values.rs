@@ -22,22 +22,29 @@ fn check(
     tol: f64,
     limit: f64,
 ) {
-    Zip::indexed(fast).and(exact).and(bound).for_each(|idx, &f, &e, &s| {
-        if e.is_nan() {
-            assert!(f.is_nan(), "{what}{idx:?}: reference NaN, fast {f}");
-        } else if e.is_finite() && s < limit {
-            assert!(
-                (f - e).abs() <= tol * s + 1e-300,
-                "{what}{idx:?}: fast {f:e} vs reference {e:e} (bound {s:e})"
-            );
-        }
-    });
+    Zip::indexed(fast)
+        .and(exact)
+        .and(bound)
+        .for_each(|idx, &f, &e, &s| {
+            if e.is_nan() {
+                assert!(f.is_nan(), "{what}{idx:?}: reference NaN, fast {f}");
+            } else if e.is_finite() && s < limit {
+                assert!(
+                    (f - e).abs() <= tol * s + 1e-300,
+                    "{what}{idx:?}: fast {f:e} vs reference {e:e} (bound {s:e})"
+                );
+            }
+        });
 }
 
 fn array(b: &mut Bytes, shape: [usize; 4], hostile: bool) -> Array4<f64> {
     let mut a = Array4::zeros(shape);
     for v in a.iter_mut() {
-        *v = if hostile { b.float() } else { b.byte() as f64 / 32.0 - 4.0 };
+        *v = if hostile {
+            b.float()
+        } else {
+            b.byte() as f64 / 32.0 - 4.0
+        };
     }
     a
 }
@@ -84,16 +91,27 @@ fuzz_target!(|data: &[u8]| {
     let ov = offset.view();
     let tol = 1e-9;
 
-    let exact = reference::deform_conv2d(input.view(), ov, mv, weight.view(), None, &params).unwrap();
+    let exact =
+        reference::deform_conv2d(input.view(), ov, mv, weight.view(), None, &params).unwrap();
     let bound = reference::deform_conv2d(ai.view(), ov, amv, aw.view(), None, &params).unwrap();
-    let fast = deformconv::deform_conv2d(input.view(), ov, mv, weight.view(), None, &params).unwrap();
-    check("out", fast.view(), exact.view(), bound.view(), tol, f64::INFINITY);
+    let fast =
+        deformconv::deform_conv2d(input.view(), ov, mv, weight.view(), None, &params).unwrap();
+    check(
+        "out",
+        fast.view(),
+        exact.view(),
+        bound.view(),
+        tol,
+        f64::INFINITY,
+    );
 
     let f32_of = |a: &Array4<f64>| a.mapv(|v| v as f32);
     let (i32_, w32, o32) = (f32_of(&input), f32_of(&weight), f32_of(&offset));
     let m32 = mask.as_ref().map(f32_of);
     // Only where the f64 inputs are exactly representable in f32 is the f32 run the same problem.
-    let same = |a: &Array4<f64>, b: &Array4<f32>| a.iter().zip(b).all(|(&x, &y)| x == y as f64 || x.is_nan());
+    let same = |a: &Array4<f64>, b: &Array4<f32>| {
+        a.iter().zip(b).all(|(&x, &y)| x == y as f64 || x.is_nan())
+    };
     if same(&input, &i32_) && same(&weight, &w32) && same(&offset, &o32) {
         let fast32 = deformconv::deform_conv2d(
             i32_.view(),
@@ -107,7 +125,14 @@ fuzz_target!(|data: &[u8]| {
         if m32.as_ref().is_none_or(|m| same(mask.as_ref().unwrap(), m)) {
             let l = (c_in / groups * kh * kw) as f64;
             let f32_tol = 4.0 * l * f32::EPSILON as f64;
-            check("out(f32)", fast32.mapv(|v| v as f64).view(), exact.view(), bound.view(), f32_tol, 1e30);
+            check(
+                "out(f32)",
+                fast32.mapv(|v| v as f64).view(),
+                exact.view(),
+                bound.view(),
+                f32_tol,
+                1e30,
+            );
         }
     }
 
@@ -123,17 +148,40 @@ fuzz_target!(|data: &[u8]| {
     .unwrap();
     let gv = grad_out.view();
     let gi = reference::grad_input(gv, ov, mv, weight.view(), g.input_shape(), &params).unwrap();
-    let gi_bound = reference::grad_input(ag.view(), ov, amv, aw.view(), g.input_shape(), &params).unwrap();
-    check("grad_input", grads.input.as_ref().unwrap().view(), gi.view(), gi_bound.view(), tol, f64::INFINITY);
+    let gi_bound =
+        reference::grad_input(ag.view(), ov, amv, aw.view(), g.input_shape(), &params).unwrap();
+    check(
+        "grad_input",
+        grads.input.as_ref().unwrap().view(),
+        gi.view(),
+        gi_bound.view(),
+        tol,
+        f64::INFINITY,
+    );
 
     let gw = reference::grad_weight(gv, input.view(), ov, mv, g.weight_shape(), &params).unwrap();
-    let gw_bound = reference::grad_weight(ag.view(), ai.view(), ov, amv, g.weight_shape(), &params).unwrap();
-    check("grad_weight", grads.weight.as_ref().unwrap().view(), gw.view(), gw_bound.view(), tol, f64::INFINITY);
+    let gw_bound =
+        reference::grad_weight(ag.view(), ai.view(), ov, amv, g.weight_shape(), &params).unwrap();
+    check(
+        "grad_weight",
+        grads.weight.as_ref().unwrap().view(),
+        gw.view(),
+        gw_bound.view(),
+        tol,
+        f64::INFINITY,
+    );
 
     if let Some(gm_fast) = grads.mask.as_ref() {
         let gm = reference::grad_mask(gv, input.view(), ov, weight.view(), &params).unwrap();
         let gm_bound = reference::grad_mask(ag.view(), ai.view(), ov, aw.view(), &params).unwrap();
-        check("grad_mask", gm_fast.view(), gm.view(), gm_bound.view(), tol, f64::INFINITY);
+        check(
+            "grad_mask",
+            gm_fast.view(),
+            gm.view(),
+            gm_bound.view(),
+            tol,
+            f64::INFINITY,
+        );
     }
 
     // grad_offset: each element sums, over at most C_in channels, |gcol| |m| |Wy| with
@@ -144,5 +192,12 @@ fuzz_target!(|data: &[u8]| {
     let scale = 2.0 * c_in as f64 * aw.sum() * max(&ag) * max_m * max(&ai);
     let bound = Array4::from_elem(go.raw_dim(), scale);
     let go_fast = grads.offset.as_ref().unwrap();
-    check("grad_offset", go_fast.view(), go.view(), bound.view(), tol, f64::INFINITY);
+    check(
+        "grad_offset",
+        go_fast.view(),
+        go.view(),
+        bound.view(),
+        tol,
+        f64::INFINITY,
+    );
 });
