@@ -56,7 +56,8 @@ pub struct ConvParams {
     /// `c / (C_in / groups)`. Must divide `C_in` and `C_out`.
     pub groups: usize,
     /// Offset groups `G_off`: input channel `c` is sampled with the offsets (and mask) of
-    /// group `c / (C_in / G_off)`. Must divide `C_in`. Ignored by dense `conv2d`.
+    /// group `c / (C_in / G_off)`. Must divide `C_in` (checked by every function, dense
+    /// `conv2d` included, which does not otherwise use it).
     pub offset_groups: usize,
     /// Border rule of the bilinear sampling and its gradients (default
     /// [`Convention::Torchvision`]). Ignored by dense `conv2d`, which samples no fractions.
