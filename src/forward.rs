@@ -23,6 +23,7 @@
 use ndarray::{Array4, ArrayView1, ArrayView4, ArrayViewMut4, CowArray, Ix1, Ix4};
 use rayon::prelude::*;
 
+use crate::convention::Convention;
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::{checked_elements, Geometry};
@@ -124,6 +125,7 @@ impl<T> SharedOut<T> {
 #[allow(clippy::too_many_arguments)]
 fn run<T: Float>(
     geo: &Geometry,
+    convention: Convention,
     input: ArrayView4<'_, T>,
     offset: Option<ArrayView4<'_, T>>,
     mask: Option<ArrayView4<'_, T>>,
@@ -137,7 +139,16 @@ fn run<T: Float>(
     }
     if !out.is_standard_layout() {
         let mut tmp = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
-        run(geo, input, offset, mask, weight, bias, tmp.view_mut())?;
+        run(
+            geo,
+            convention,
+            input,
+            offset,
+            mask,
+            weight,
+            bias,
+            tmp.view_mut(),
+        )?;
         out.assign(&tmp);
         return Ok(());
     }
@@ -148,6 +159,7 @@ fn run<T: Float>(
     let bias = bias.map(standard1);
     let src = Source {
         geo,
+        convention,
         input: slice_of(&input)?,
         offset: offset.as_ref().map(slice_of).transpose()?,
         mask: mask.as_ref().map(slice_of).transpose()?,
@@ -212,8 +224,9 @@ fn run<T: Float>(
 /// ```
 ///
 /// with `c = group(o) * C_in/groups + c'`, `g` the offset group of `c`, `k = i * kw + j`,
-/// `m = mask[n, g K + k, y, x]` (1 without mask) and `B` bilinear sampling with zeros outside
-/// (see [`crate::reference`]). Shapes: input `[N, C_in, H, W]`, offset
+/// `m = mask[n, g K + k, y, x]` (1 without mask) and `B` bilinear sampling by
+/// `params.convention` (see [`crate::Convention`]; by default torchvision's, zeros outside,
+/// as in [`crate::reference`]). Shapes: input `[N, C_in, H, W]`, offset
 /// `[N, 2 G_off kh kw, H_out, W_out]`, mask `[N, G_off kh kw, H_out, W_out]`, weight
 /// `[C_out, C_in/groups, kh, kw]`, bias `[C_out]`; the result is `[N, C_out, H_out, W_out]`.
 /// Errors name the operand and axis at fault; nothing panics.
@@ -251,6 +264,7 @@ pub fn deform_conv2d<T: Float>(
     let mut out = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
     run(
         &geo,
+        params.convention,
         input,
         Some(offset),
         mask,
@@ -280,7 +294,16 @@ pub fn deform_conv2d_into<T: Float>(
         bias.as_ref(),
         params,
     )?;
-    run(&geo, input, Some(offset), mask, weight, bias, out)
+    run(
+        &geo,
+        params.convention,
+        input,
+        Some(offset),
+        mask,
+        weight,
+        bias,
+        out,
+    )
 }
 
 /// Dense (strided, dilated, grouped) 2-D cross-correlation, forward:
@@ -291,7 +314,9 @@ pub fn deform_conv2d_into<T: Float>(
 ///
 /// with pixels outside the image reading 0 and `c = group(o) * C_in/groups + c'`; equal to
 /// [`deform_conv2d`] with zero offsets and no mask, computed by a plain im2col (no bilinear
-/// work). `params.offset_groups` is validated as by [`crate::reference::conv2d`] but unused.
+/// work). `params.offset_groups` is validated as by [`crate::reference::conv2d`] but unused,
+/// and so is `params.convention`: a zero offset samples an integer position, which reads its
+/// own pixel in every convention (DCN v1's collapsed last row/column included).
 pub fn conv2d<T: Float>(
     input: ArrayView4<'_, T>,
     weight: ArrayView4<'_, T>,
@@ -301,7 +326,16 @@ pub fn conv2d<T: Float>(
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
     let mut out = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
-    run(&geo, input, None, None, weight, bias, out.view_mut())?;
+    run(
+        &geo,
+        params.convention,
+        input,
+        None,
+        None,
+        weight,
+        bias,
+        out.view_mut(),
+    )?;
     Ok(out)
 }
 
@@ -315,5 +349,14 @@ pub fn conv2d_into<T: Float>(
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
-    run(&geo, input, None, None, weight, bias, out)
+    run(
+        &geo,
+        params.convention,
+        input,
+        None,
+        None,
+        weight,
+        bias,
+        out,
+    )
 }

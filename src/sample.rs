@@ -15,6 +15,8 @@
 //!
 //! Other conventions ([`Convention`]) go through [`locate_in`] and [`coordinate_weights_in`];
 //! for [`Convention::Torchvision`] these are exactly [`locate`] and [`coordinate_weights`].
+//! The forward gather's flat forms are [`locate_flat`] (torchvision, mmcv) and
+//! [`locate_flat_clamped`] (DCN v1).
 
 use crate::convention::Convention;
 use crate::float::Float;
@@ -195,6 +197,57 @@ pub(crate) fn locate_flat<T: Float>(
             at(vy1 && vx0, base + wi),
             at(vy1 && vx1, base + wi + 1),
         ],
+        [hy * hx, hy * lx, ly * hx, ly * lx],
+    )
+}
+
+/// [`locate_in`] for [`Convention::DcnV1`] in the flat form of [`locate_flat`]: window
+/// `0 <= p < size` on both axes; on an axis whose `floor(p)` is the last row (column) the
+/// second corner repeats the first (`index[2..4] == index[0..2]`, resp. `index[1] == index[0]`,
+/// `index[3] == index[2]`) with fraction 0, so its weight is 0. Every corner of a counting
+/// sample is inside the plane (no `-1`). Same values as [`locate_in`] bit for bit (tested
+/// below); offsets of magnitude `2^22` or more (and NaN) take [`locate_in`] itself.
+#[inline(always)]
+pub(crate) fn locate_flat_clamped<T: Float>(
+    base_y: isize,
+    dy: T,
+    base_x: isize,
+    dx: T,
+    h: usize,
+    w: usize,
+) -> ([isize; 4], [T; 4]) {
+    let limit = T::from_usize(1 << 22);
+    if !(dy.abs() < limit && dx.abs() < limit) {
+        return match locate_clamped(base_y, dy, base_x, dx, h, w) {
+            Sample::Inside(c) => (c.index.map(|i| i as isize), c.weights()),
+            Sample::Outside => ([-1; 4], [T::ZERO; 4]),
+            Sample::Nan => ([-1; 4], [T::from_f64(f64::NAN); 4]),
+        };
+    }
+    // |d| < 2^22: `split` would not clamp, so this is the same split, inline.
+    let (fy, fx) = (dy.floor(), dx.floor());
+    let y0 = base_y + fy.to_f64() as isize;
+    let x0 = base_x + fx.to_f64() as isize;
+    let (hi, wi) = (h as isize, w as isize);
+    // p >= 0  <=>  floor(p) >= 0;  p < size  <=>  floor(p) < size.
+    if !(y0 >= 0 && y0 < hi && x0 >= 0 && x0 < wi) {
+        return ([-1; 4], [T::ZERO; 4]);
+    }
+    // On the last row (column) the fraction becomes 0, its complement 1 and the second
+    // corner steps by 0 instead of one row (column).
+    let (ly, hy, step_y) = if y0 == hi - 1 {
+        (T::ZERO, T::ONE, 0)
+    } else {
+        (dy - fy, (fy + T::ONE) - dy, wi)
+    };
+    let (lx, hx, step_x) = if x0 == wi - 1 {
+        (T::ZERO, T::ONE, 0)
+    } else {
+        (dx - fx, (fx + T::ONE) - dx, 1)
+    };
+    let base = y0 * wi + x0;
+    (
+        [base, base + step_x, base + step_y, base + step_y + step_x],
         [hy * hx, hy * lx, ly * hx, ly * lx],
     )
 }
@@ -456,6 +509,62 @@ mod tests {
                         };
                         assert_eq!(index, want_index, "{base_y} {dy} {base_x} {dx}");
                         assert_eq!(weight.map(f32::to_bits), want_weight.map(f32::to_bits));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn flat_clamped_form_agrees_with_locate_in() {
+        let offsets = [
+            0.0f32,
+            0.25,
+            -0.25,
+            -1.0,
+            1.0,
+            -0.0033831,
+            0.999_999_9,
+            -0.999_999_9,
+            1e-3,
+            -1e-3,
+            2.0,
+            -2.5,
+            3.75,
+            -3.0,
+            7.0,
+            -8.0,
+            1e7,
+            -1e7,
+            1e30,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        for (h, w) in [(5usize, 7usize), (1, 1), (1, 3), (0, 2)] {
+            for base_y in -3isize..8 {
+                for base_x in [-2isize, -1, 0, 1, 3, 6, 7, 9] {
+                    for &dy in &offsets {
+                        for &dx in &offsets {
+                            let (index, weight) = locate_flat_clamped(base_y, dy, base_x, dx, h, w);
+                            let conv = Convention::DcnV1;
+                            let (want_index, want_weight) =
+                                match locate_in(conv, base_y, dy, base_x, dx, h, w) {
+                                    Sample::Inside(c) => {
+                                        assert_eq!(c.valid, [true; 4]);
+                                        (c.index.map(|i| i as isize), c.weights())
+                                    }
+                                    Sample::Outside => ([-1; 4], [0.0; 4]),
+                                    Sample::Nan => ([-1; 4], [f32::NAN; 4]),
+                                };
+                            let at = format!("{h}x{w}: {base_y} {dy} {base_x} {dx}");
+                            assert_eq!(index, want_index, "{at}");
+                            assert_eq!(
+                                weight.map(f32::to_bits),
+                                want_weight.map(f32::to_bits),
+                                "{at}"
+                            );
+                        }
                     }
                 }
             }

@@ -7,45 +7,9 @@ mod fwd_support;
 
 use common::{assert_rel_close, golden_cases};
 use deformconv::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into, reference, ConvParams};
-use fwd_support::{cases, same_bits, to_f32, to_f32_1, Case};
+use fwd_support::{assert_f32_within_bound, cases, same_bits, to_f32, to_f32_1, Case};
 use ndarray::{s, Array4, ShapeBuilder};
 use proptest::prelude::*;
-
-/// Checks an f32 result element by element against `|fast - exact| <= 4 (L + 4) eps sum|terms|`,
-/// `L = C_in/groups * kh * kw` products (+ bias), and reports the worst element.
-///
-/// `sum|terms|` is the reference run on `|input|`, `|weight|`, `|mask|`, `|bias|`: because the
-/// bilinear weights are non-negative, `B(|input|) >= |B(input)|`, so this bounds
-/// `|bias| + sum |weight * m * B|` from above (a valid, slightly looser bound).
-fn assert_f32_within_bound(
-    case: &Case,
-    fast: &Array4<f32>,
-    exact: &Array4<f64>,
-    abs_sum: &Array4<f64>,
-) {
-    let g = case.geometry();
-    let terms = (g.c_in_per_group() * g.taps() + 4) as f64;
-    let eps = f32::EPSILON as f64 / 2.0;
-    let mut worst = (0.0f64, [0usize; 4]);
-    for ((idx, &f), (&e, &s)) in fast.indexed_iter().zip(exact.iter().zip(abs_sum.iter())) {
-        let bound = 4.0 * terms * eps * s + f64::MIN_POSITIVE;
-        let err = (f as f64 - e).abs();
-        let ratio = err / bound;
-        assert!(
-            err <= bound,
-            "{case:?}: out{idx:?} = {f:e}, exact {e:e}: error {err:e} > bound {bound:e}"
-        );
-        if ratio > worst.0 {
-            worst = (ratio, [idx.0, idx.1, idx.2, idx.3]);
-        }
-    }
-    assert!(
-        worst.0 <= 1.0,
-        "worst element {:?} at ratio {}",
-        worst.1,
-        worst.0
-    );
-}
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]

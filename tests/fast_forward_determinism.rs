@@ -1,9 +1,9 @@
 //! Bitwise determinism of the fast forward path: the same bits for rayon pools of 1, 2, 3 and
-//! 8 threads, and for an image computed alone or inside batches of 2 and 7.
+//! 8 threads, and for an image computed alone or inside batches of 2, 7 and 64.
 
 mod fwd_support;
 
-use deformconv::{conv2d, deform_conv2d, ConvParams, Float};
+use deformconv::{conv2d, deform_conv2d, ConvParams, Convention, Float};
 use fwd_support::{same_bits, Case};
 use ndarray::{s, Array4};
 
@@ -137,4 +137,77 @@ fn deform_image_alone_equals_image_in_batches_of_2_and_7() {
 #[test]
 fn conv2d_image_alone_equals_image_in_batches_of_2_and_7() {
     check_batch_independence(true);
+}
+
+/// Small images (one tile each) so that a batch of 64 stays fast.
+fn small_case(n: usize, convention: Convention) -> Case {
+    Case {
+        n,
+        c_in: 4,
+        c_out: 6,
+        h: 6,
+        w: 7,
+        kh: 3,
+        kw: 3,
+        params: ConvParams::default()
+            .padding(1, 1)
+            .offset_groups(2)
+            .convention(convention),
+        mask: true,
+        bias: true,
+        seed: 64,
+    }
+}
+
+/// Every image of a batch of 64 equals the same image computed alone (a batch of 1) and
+/// inside batches of 2 and 7 cut from the same data, bit for bit, in every convention.
+fn check_batch_of_64<T: Float + Into<f64>>(convert: impl Fn(f64) -> T + Copy) {
+    for convention in Convention::ALL {
+        let all = small_case(64, convention);
+        let t = all.tensors();
+        let full = run(&all, convert, false);
+        let sub = |first: usize, count: usize| {
+            let part = |a: &Array4<f64>| a.slice(s![first..first + count, .., .., ..]).to_owned();
+            let mask = t.mask.as_ref().map(|m| part(m).mapv(convert));
+            let got = deform_conv2d(
+                part(&t.input).mapv(convert).view(),
+                part(&t.offset).mapv(convert).view(),
+                mask.as_ref().map(|m| m.view()),
+                t.weight.mapv(convert).view(),
+                t.bias
+                    .as_ref()
+                    .map(|b| b.mapv(convert))
+                    .as_ref()
+                    .map(|b| b.view()),
+                &all.params,
+            )
+            .unwrap();
+            let inside = full.slice(s![first..first + count, .., .., ..]).to_owned();
+            assert!(
+                same_bits(&got, &inside),
+                "{} {convention:?}: images {first}..{} differ from inside the batch of 64",
+                T::NAME,
+                first + count
+            );
+        };
+        for first in 0..64 {
+            sub(first, 1);
+        }
+        for first in [0, 31, 62] {
+            sub(first, 2);
+        }
+        for first in [0, 28, 57] {
+            sub(first, 7);
+        }
+    }
+}
+
+#[test]
+fn deform_f32_image_alone_equals_image_in_batches_of_2_7_and_64() {
+    check_batch_of_64(|v| v as f32);
+}
+
+#[test]
+fn deform_f64_image_alone_equals_image_in_batches_of_2_7_and_64() {
+    check_batch_of_64(|v| v);
 }

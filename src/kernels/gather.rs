@@ -5,8 +5,9 @@ use std::any::TypeId;
 
 use super::lanes::{self, TapRow};
 use super::Source;
+use crate::convention::Convention;
 use crate::float::Float;
-use crate::sample::locate_flat;
+use crate::sample::{locate_flat, locate_flat_clamped};
 
 /// Corner index meaning "outside the plane: reads 0, touches nothing".
 pub(crate) const NO_CORNER: i32 = -1;
@@ -19,6 +20,12 @@ pub(crate) const NO_CORNER: i32 = -1;
 /// `weight[t * K * len + r]` its bilinear weight. A NaN sample has NaN weights and no corners
 /// (value NaN); an outside sample has zero weights and no corners (value 0). `mask[r]` is the
 /// modulation (filled only when the convolution has a mask).
+///
+/// The corners follow the source's [`Convention`]: torchvision's rule ([`locate_flat`]) for
+/// [`Convention::Torchvision`] and [`Convention::Mmcv`] (same forward), DCN v1's
+/// ([`locate_flat_clamped`]: a sample on the last row or column repeats its first corner with
+/// weight 0) for [`Convention::DcnV1`]. The interpolation reads only `index` and `weight`, so
+/// it is the same for every convention.
 ///
 /// Size: `K * len * (4 * (4 + size_of::<T>()) + size_of::<T>())` bytes, at most 37 bytes per
 /// column-tile column and tap for `f32` — small next to the column tile itself.
@@ -39,7 +46,8 @@ impl<T: Float> SampleTable<T> {
         }
     }
 
-    /// Computes the samples of offset group `og` for `(image, start .. start + len)`.
+    /// Computes the samples of offset group `og` for `(image, start .. start + len)` under
+    /// `src.convention`.
     fn build(
         &mut self,
         src: &Source<'_, T>,
@@ -49,14 +57,25 @@ impl<T: Float> SampleTable<T> {
         start: usize,
         len: usize,
     ) {
-        lanes::with_best_isa(
-            #[inline(always)]
-            || self.build_inline(src, offset, image, og, start, len),
-        )
+        // One branch per table; each arm is its own monomorphic copy of the loop (a direct
+        // call to an `#[inline(always)]` rule, no closure), so the torchvision loop is exactly
+        // the one it was before conventions existed.
+        match src.convention {
+            Convention::Torchvision | Convention::Mmcv => lanes::with_best_isa(
+                #[inline(always)]
+                || self.build_inline::<false>(src, offset, image, og, start, len),
+            ),
+            Convention::DcnV1 => lanes::with_best_isa(
+                #[inline(always)]
+                || self.build_inline::<true>(src, offset, image, og, start, len),
+            ),
+        }
     }
 
+    /// The table build under DCN v1's rule ([`locate_flat_clamped`]) if `DCN_V1`, else
+    /// torchvision's ([`locate_flat`]).
     #[inline(always)]
-    fn build_inline(
+    fn build_inline<const DCN_V1: bool>(
         &mut self,
         src: &Source<'_, T>,
         offset: &[T],
@@ -103,7 +122,11 @@ impl<T: Float> SampleTable<T> {
                 let base_x = (x * g.stride_w) as isize + off_x;
                 let r = k * len + q;
                 // Corner offsets fit i32: the caller checked H * W <= i32::MAX.
-                let (c, wt) = locate_flat(base_y, dys[q], base_x, dxs[q], g.h, g.w);
+                let (c, wt) = if DCN_V1 {
+                    locate_flat_clamped(base_y, dys[q], base_x, dxs[q], g.h, g.w)
+                } else {
+                    locate_flat(base_y, dys[q], base_x, dxs[q], g.h, g.w)
+                };
                 i0[r] = c[0] as i32;
                 i1[r] = c[1] as i32;
                 i2[r] = c[2] as i32;

@@ -32,6 +32,7 @@ pub(crate) mod im2col;
 pub(crate) mod lanes;
 pub(crate) mod taps;
 
+use crate::convention::Convention;
 use crate::geometry::Geometry;
 
 /// The operands of one convolution as flat standard-layout (C-order) slices.
@@ -39,6 +40,9 @@ use crate::geometry::Geometry;
 pub(crate) struct Source<'a, T> {
     /// The checked problem.
     pub geo: &'a Geometry,
+    /// The sampling convention of the deformable gather (the dense im2col ignores it: an
+    /// integer position reads its pixel in every convention).
+    pub convention: Convention,
     /// `[N, C_in, H, W]`.
     pub input: &'a [T],
     /// `[N, 2 * G_off * K, H_out, W_out]`, or `None` for a dense convolution.

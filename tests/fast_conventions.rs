@@ -1,0 +1,287 @@
+//! The fast forward path under each sampling convention ([`Convention`]): against the f64
+//! reference (f64 within 1e-12 relative, f32 within the per-element bound of DESIGN.md §5) on
+//! random problems whose samples sit exactly on and around the image borders and on integer
+//! positions; a hand-worked case per convention; bitwise thread-count independence for DCN v1.
+
+mod common;
+mod fwd_support;
+
+use common::assert_rel_close;
+use deformconv::{deform_conv2d, reference, ConvParams, Convention, Float};
+use fwd_support::{assert_f32_within_bound, cases, same_bits, to_f32, to_f32_1, Case, Lcg};
+use ndarray::{Array1, Array4};
+use proptest::prelude::*;
+
+/// A position along an axis of `size` pixels: a border special (on and around `-1`, `0`,
+/// `size - 1` and `size`), a whole number in `-1 ..= size`, or any fraction in
+/// `(-1.5, size + 0.5)`.
+fn border_position(r: &mut Lcg, size: usize) -> f64 {
+    let s = size as f64;
+    let special = [
+        -1.0,
+        -1.0 + 1e-3,
+        -0.5,
+        0.0,
+        s - 1.0,
+        s - 1.0 + 1e-3,
+        s - 1e-3,
+        s,
+        s + 0.5,
+    ];
+    let u = r.next_unit();
+    if u < 0.55 {
+        special[(r.next_unit() * special.len() as f64) as usize % special.len()]
+    } else if u < 0.85 {
+        (r.next_unit() * (s + 2.0)).floor() - 1.0
+    } else {
+        -1.5 + (s + 2.0) * r.next_unit()
+    }
+}
+
+/// Offsets that move every sample of `case` to a [`border_position`] on each axis, whatever
+/// its undeformed tap position, rounded to `f32` (so f32 and f64 runs see the same offsets).
+fn border_offsets(case: &Case, seed: u64) -> Array4<f64> {
+    let g = case.geometry();
+    let mut r = Lcg(seed ^ 0x0b0d_e75e_ed00_0001);
+    let mut offset = Array4::zeros(g.offset_shape());
+    for n in 0..g.n {
+        for ch in 0..g.offset_groups * g.taps() {
+            let k = ch % g.taps();
+            let (i, j) = (k / g.kw, k % g.kw);
+            for y in 0..g.h_out {
+                for x in 0..g.w_out {
+                    let by = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64;
+                    let bx = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64;
+                    let py = border_position(&mut r, g.h);
+                    let px = border_position(&mut r, g.w);
+                    offset[[n, 2 * ch, y, x]] = (py - by) as f32 as f64;
+                    offset[[n, 2 * ch + 1, y, x]] = (px - bx) as f32 as f64;
+                }
+            }
+        }
+    }
+    offset
+}
+
+/// The fast forward in `T` and the reference on the same (converted) operands.
+struct Run<T> {
+    fast: Array4<T>,
+    exact: Array4<f64>,
+}
+
+#[allow(clippy::type_complexity)]
+fn run_both<T: Float>(
+    input: &Array4<T>,
+    offset: &Array4<T>,
+    mask: Option<&Array4<T>>,
+    weight: &Array4<T>,
+    bias: Option<&Array1<T>>,
+    params: &ConvParams,
+) -> Run<T> {
+    let (mask, bias) = (mask.map(|m| m.view()), bias.map(|b| b.view()));
+    let fast = deform_conv2d(
+        input.view(),
+        offset.view(),
+        mask,
+        weight.view(),
+        bias,
+        params,
+    )
+    .unwrap();
+    let exact = reference::deform_conv2d(
+        input.view(),
+        offset.view(),
+        mask,
+        weight.view(),
+        bias,
+        params,
+    )
+    .unwrap();
+    Run { fast, exact }
+}
+
+/// Checks one random border problem under `conv` in f64 and f32.
+fn check_convention(case: &Case, conv: Convention) {
+    let case = Case {
+        params: case.params.convention(conv),
+        ..case.clone()
+    };
+    let t = case.tensors();
+    let offset = border_offsets(&case, case.seed);
+    let p = &case.params;
+
+    let r = run_both(
+        &t.input,
+        &offset,
+        t.mask.as_ref(),
+        &t.weight,
+        t.bias.as_ref(),
+        p,
+    );
+    assert_rel_close(
+        &format!("{case:?}"),
+        "out",
+        &r.fast.view(),
+        &r.exact.view(),
+        1e-12,
+    );
+
+    let (input, offset, weight) = (to_f32(&t.input), to_f32(&offset), to_f32(&t.weight));
+    let mask = t.mask.as_ref().map(to_f32);
+    let bias = t.bias.as_ref().map(to_f32_1);
+    let r = run_both(&input, &offset, mask.as_ref(), &weight, bias.as_ref(), p);
+    let abs = |a: &Array4<f32>| a.mapv(f32::abs);
+    let abs_mask = mask.as_ref().map(abs);
+    let abs_bias = bias.as_ref().map(|b| b.mapv(f32::abs));
+    let abs_sum = reference::deform_conv2d(
+        abs(&input).view(),
+        offset.view(),
+        abs_mask.as_ref().map(|m| m.view()),
+        abs(&weight).view(),
+        abs_bias.as_ref().map(|b| b.view()),
+        p,
+    )
+    .unwrap();
+    assert_f32_within_bound(&case, &r.fast, &r.exact, &abs_sum);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, .. ProptestConfig::default() })]
+
+    #[test]
+    fn torchvision_fast_matches_reference_on_borders(case in cases()) {
+        check_convention(&case, Convention::Torchvision);
+    }
+
+    #[test]
+    fn mmcv_fast_matches_reference_on_borders(case in cases()) {
+        check_convention(&case, Convention::Mmcv);
+    }
+
+    #[test]
+    fn dcn_v1_fast_matches_reference_on_borders(case in cases()) {
+        check_convention(&case, Convention::DcnV1);
+    }
+}
+
+/// A 1x1 kernel over the 2 x 3 plane `[[1, 2, 3], [4, 5, 6]]` with unit weight, one offset
+/// per output pixel; returns the six outputs in row-major order.
+fn hand_case(conv: Convention) -> Vec<f64> {
+    let input = Array4::from_shape_vec((1, 1, 2, 3), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let weight = Array4::from_elem((1, 1, 1, 1), 1.0);
+    // (dy, dx) for output pixels (0,0) (0,1) (0,2) (1,0) (1,1) (1,2).
+    let d = [
+        (-0.5, 0.0),
+        (0.25, 0.5),
+        (0.0, 0.5),
+        (0.0, 0.0),
+        (-1.5, 0.0),
+        (0.5, 0.25),
+    ];
+    let mut offset = Array4::zeros((1, 2, 2, 3));
+    for (p, &(dy, dx)) in d.iter().enumerate() {
+        offset[[0, 0, p / 3, p % 3]] = dy;
+        offset[[0, 1, p / 3, p % 3]] = dx;
+    }
+    let params = ConvParams::default().convention(conv);
+    let fast = deform_conv2d(
+        input.view(),
+        offset.view(),
+        None,
+        weight.view(),
+        None,
+        &params,
+    )
+    .unwrap();
+    fast.iter().copied().collect()
+}
+
+#[test]
+fn hand_worked_case_per_convention() {
+    // Samples (py, px) = pixel + offset:
+    // (0,0) at (-0.5, 0): torchvision/mmcv y0 = -1, ly = 0.5: 0.5 * v(0,0) = 0.5;
+    //                     DCN v1: py < 0 is outside: 0.
+    // (0,1) at (0.25, 1.5): inside for all, away from the last row/column:
+    //       0.75*0.5*2 + 0.75*0.5*3 + 0.25*0.5*5 + 0.25*0.5*6 = 0.75 + 1.125 + 0.625 + 0.75 = 3.25.
+    // (0,2) at (0, 2.5): torchvision/mmcv x0 = 2, lx = 0.5, v(0,3) outside: 0.5 * 3 = 1.5;
+    //                    DCN v1: x0 = W-1 collapses, lx = 0: v(0,2) = 3.
+    // (1,0) at (1, 0): an integer position on the last row: v(1,0) = 4 in every convention.
+    // (1,1) at (-0.5, 1): torchvision/mmcv 0.5 * v(0,1) = 1; DCN v1 0.
+    // (1,2) at (1.5, 2.25): torchvision/mmcv y0 = 1, ly = 0.5, x0 = 2, lx = 0.25, only
+    //       v(1,2) inside: 0.5 * 0.75 * 6 = 2.25; DCN v1: both axes collapse: v(1,2) = 6.
+    let torchvision = vec![0.5, 3.25, 1.5, 4.0, 1.0, 2.25];
+    assert_eq!(hand_case(Convention::Torchvision), torchvision);
+    assert_eq!(hand_case(Convention::Mmcv), torchvision);
+    assert_eq!(
+        hand_case(Convention::DcnV1),
+        vec![0.0, 3.25, 3.0, 4.0, 0.0, 6.0]
+    );
+}
+
+fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
+/// Several tiles per image (576 column rows x 1024 pixels), border offsets, DCN v1.
+fn dcn_v1_multi_tile<T: Float>(convert: impl Fn(f64) -> T) -> impl Fn() -> Array4<T> {
+    let case = Case {
+        n: 2,
+        c_in: 64,
+        c_out: 16,
+        h: 32,
+        w: 32,
+        kh: 3,
+        kw: 3,
+        params: ConvParams::default()
+            .padding(1, 1)
+            .offset_groups(2)
+            .convention(Convention::DcnV1),
+        mask: true,
+        bias: true,
+        seed: 31,
+    };
+    let t = case.tensors();
+    let offset = border_offsets(&case, case.seed).mapv(&convert);
+    let input = t.input.mapv(&convert);
+    let mask = t.mask.as_ref().map(|m| m.mapv(&convert));
+    let weight = t.weight.mapv(&convert);
+    let bias = t.bias.as_ref().map(|b| b.mapv(&convert));
+    move || {
+        deform_conv2d(
+            input.view(),
+            offset.view(),
+            mask.as_ref().map(|m| m.view()),
+            weight.view(),
+            bias.as_ref().map(|b| b.view()),
+            &case.params,
+        )
+        .unwrap()
+    }
+}
+
+fn check_dcn_v1_thread_counts<T: Float + Into<f64>>(convert: impl Fn(f64) -> T) {
+    let run = dcn_v1_multi_tile(convert);
+    let one = in_pool(1, &run);
+    for threads in [2, 3, 8] {
+        let many = in_pool(threads, &run);
+        assert!(
+            same_bits(&one, &many),
+            "{}: {threads} threads differ from 1",
+            T::NAME
+        );
+    }
+}
+
+#[test]
+fn dcn_v1_f32_is_bitwise_identical_for_1_2_3_8_threads() {
+    check_dcn_v1_thread_counts(|v| v as f32);
+}
+
+#[test]
+fn dcn_v1_f64_is_bitwise_identical_for_1_2_3_8_threads() {
+    check_dcn_v1_thread_counts(|v| v);
+}
