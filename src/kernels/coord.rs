@@ -88,8 +88,45 @@ fn coordinate_weights<T: Float>(ly: T, lx: T, [v00, v01, v10, v11]: [T; 4]) -> (
     (wy, wx)
 }
 
+/// [`run_body`] compiled for the best instruction set (VEX encoding, `floor` inline; the same
+/// IEEE operations, so bitwise the same results).
 #[inline(never)]
 fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
+    planes: &[T],
+    shape: TileShape,
+    taps: &[Tap<T>],
+    gcol: &[T],
+    channels: Range<usize>,
+    out: SampleOut<'_, T>,
+) {
+    use crate::kernels::lanes::{isa, Isa};
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
+        Isa::Avx2 | Isa::Avx512 => unsafe {
+            run_avx2::<T, OFFSET, MASK, COLS>(planes, shape, taps, gcol, channels, out)
+        },
+        _ => run_body::<T, OFFSET, MASK, COLS>(planes, shape, taps, gcol, channels, out),
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_avx2<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
+    planes: &[T],
+    shape: TileShape,
+    taps: &[Tap<T>],
+    gcol: &[T],
+    channels: Range<usize>,
+    out: SampleOut<'_, T>,
+) {
+    run_body::<T, OFFSET, MASK, COLS>(planes, shape, taps, gcol, channels, out)
+}
+
+#[inline(always)]
+fn run_body<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     planes: &[T],
     shape: TileShape,
     taps: &[Tap<T>],

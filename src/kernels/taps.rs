@@ -74,7 +74,7 @@ pub(crate) struct Tap<T> {
 impl<T: Float> Tap<T> {
     /// The table entry of the sample at `(base_y + dy, base_x + dx)` with mask `m`, its bases
     /// shifted by `plane0` (the first cell of the image's planes in the task's buffer).
-    #[inline]
+    #[inline(always)]
     pub fn new(
         layout: PlaneLayout,
         plane0: usize,
