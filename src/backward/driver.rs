@@ -46,7 +46,7 @@ use rayon::prelude::*;
 use crate::float::Float;
 use crate::geometry::Geometry;
 use crate::kernels::col2im::{scatter, TileShape};
-use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
+use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant, TapColumns};
 use crate::kernels::taps::{PlaneLayout, Tap};
 
 /// Most output pixels in one tile (GEMM width). 512 rather than 256: the column-gradient GEMM
@@ -488,6 +488,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let mut wpart = alloc(needs.weight && weight_out.is_none(), part_len);
         let mut first_weight_tile = true;
         let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
+        // The column copy of the table for the AVX-512 f32 loop of `coord`.
+        let simd_columns = needs.input_planes()
+            && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
+            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+        let mut columns = TapColumns::<T>::default();
         self.stats.grad_plane_elems += gr_planes.len();
         self.stats.col_elems += gcol.len() + cols.len();
         self.stats.weight_part_elems += wpart.len();
@@ -515,6 +520,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     taps: k_taps,
                 };
                 self.build_taps(group, tile, width, &mut taps);
+                let have_columns = simd_columns && columns.fill(&taps);
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -549,7 +555,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                             mask: &mut acc_m,
                             cols: &mut cols,
                         };
-                        sample_gradients(&in_planes, shape, &taps, &gcol, local, want, out);
+                        let cols_table = have_columns.then_some(&columns);
+                        sample_gradients(
+                            &in_planes, shape, &taps, cols_table, &gcol, local, want, out,
+                        );
                         self.stats.sample_passes += 1;
                     }
                     if needs.weight {

@@ -19,7 +19,11 @@ use std::ops::Range;
 
 use crate::float::Float;
 use crate::kernels::col2im::TileShape;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::coord_avx512;
+pub(crate) use crate::kernels::coord_avx512::TapColumns;
 use crate::kernels::taps::Tap;
+use std::any::TypeId;
 
 /// What [`sample_gradients`] produces; slices not wanted may be empty.
 pub(crate) struct SampleOut<'a, T> {
@@ -46,38 +50,48 @@ pub(crate) struct SampleWant {
 
 /// For the local channels `channels` of the padded input `planes`, accumulates the offset and
 /// mask gradients and writes the columns, as in the module docs. `gcol` rows follow `cols`' and
-/// are only read when the offset or mask gradient is wanted.
+/// are only read when the offset or mask gradient is wanted. `columns`, the same table as
+/// columns, enables the AVX-512 loop for `f32` (bitwise the same results).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn sample_gradients<T: Float>(
     planes: &[T],
     shape: TileShape,
     taps: &[Tap<T>],
+    columns: Option<&TapColumns<T>>,
     gcol: &[T],
     channels: Range<usize>,
     want: SampleWant,
     out: SampleOut<'_, T>,
 ) {
+    macro_rules! go {
+        ($o:literal, $m:literal, $c:literal) => {
+            run::<T, $o, $m, $c>(planes, shape, taps, columns, gcol, channels, out)
+        };
+    }
     match (want.offset, want.mask, want.cols) {
-        (true, true, true) => run::<T, true, true, true>(planes, shape, taps, gcol, channels, out),
-        (true, true, false) => {
-            run::<T, true, true, false>(planes, shape, taps, gcol, channels, out)
-        }
-        (true, false, true) => {
-            run::<T, true, false, true>(planes, shape, taps, gcol, channels, out)
-        }
-        (true, false, false) => {
-            run::<T, true, false, false>(planes, shape, taps, gcol, channels, out)
-        }
-        (false, true, true) => {
-            run::<T, false, true, true>(planes, shape, taps, gcol, channels, out)
-        }
-        (false, true, false) => {
-            run::<T, false, true, false>(planes, shape, taps, gcol, channels, out)
-        }
-        (false, false, true) => {
-            run::<T, false, false, true>(planes, shape, taps, gcol, channels, out)
-        }
+        (true, true, true) => go!(true, true, true),
+        (true, true, false) => go!(true, true, false),
+        (true, false, true) => go!(true, false, true),
+        (true, false, false) => go!(true, false, false),
+        (false, true, true) => go!(false, true, true),
+        (false, true, false) => go!(false, true, false),
+        (false, false, true) => go!(false, false, true),
         (false, false, false) => {}
     }
+}
+
+/// `s` as a slice of `U` when `T` is `U`.
+fn same_type<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+    // SAFETY: T and U are the same type, so the cast is the identity.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) })
+}
+
+/// `s` as a mutable slice of `U` when `T` is `U`.
+fn same_type_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
+    // SAFETY: T and U are the same type, so the cast is the identity.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut U, s.len()) })
 }
 
 /// `(Wy, Wx)` from the corner values, the formula of [`crate::sample::coordinate_weights`].
@@ -95,11 +109,40 @@ fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     planes: &[T],
     shape: TileShape,
     taps: &[Tap<T>],
+    columns: Option<&TapColumns<T>>,
     gcol: &[T],
     channels: Range<usize>,
     out: SampleOut<'_, T>,
 ) {
     use crate::kernels::lanes::{isa, Isa};
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512, Some(table)) = (isa(), columns) {
+        // Measured on W4 (f32, 1 thread, contended machine): see the commit message.
+        if let (Some(planes), Some(gcol)) = (same_type::<T, f32>(planes), same_type::<T, f32>(gcol))
+        {
+            // SAFETY: T is f32 (checked by `same_type`), so the table has the same layout.
+            let table = unsafe { &*(table as *const TapColumns<T> as *const TapColumns<f32>) };
+            let SampleOut { dy, dx, mask, cols } = out;
+            let out32 = (
+                same_type_mut::<T, f32>(dy),
+                same_type_mut::<T, f32>(dx),
+                same_type_mut::<T, f32>(mask),
+                same_type_mut::<T, f32>(cols),
+            );
+            if let (Some(dy), Some(dx), Some(mask), Some(cols)) = out32 {
+                let out = SampleOut { dy, dx, mask, cols };
+                debug_assert_eq!(table.gather.len(), taps.len());
+                // SAFETY: AVX-512F was detected; the table was filled from `taps` (the driver
+                // refills it with every table) and the slices are those `run_body` accepts.
+                unsafe {
+                    coord_avx512::run::<OFFSET, MASK, COLS>(
+                        planes, shape, table, gcol, channels, out,
+                    )
+                };
+            }
+            return;
+        }
+    }
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
