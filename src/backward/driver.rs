@@ -489,7 +489,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let mut first_weight_tile = true;
         let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
         // The column copy of the table for the AVX-512 f32 loop of `coord`.
-        let simd_columns = needs.input_planes()
+        // Dense convolution: zero offsets and no mask, so every sample is one cell with weight 1.
+        let dense = self.ops.offset.is_none() && self.ops.mask.is_none();
+        let simd_columns = !dense
+            && needs.input_planes()
             && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
             && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
         let mut columns = TapColumns::<T>::default();
@@ -518,6 +521,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     pitch: self.layout.pitch(),
                     tile: width,
                     taps: k_taps,
+                    dense,
                 };
                 self.build_taps(group, tile, width, &mut taps);
                 let have_columns = simd_columns && columns.fill(&taps);

@@ -26,6 +26,10 @@ pub(crate) struct TileShape {
     pub tile: usize,
     /// Kernel taps `K`.
     pub taps: usize,
+    /// Dense convolution (zero offsets, no mask): every sample sits exactly on one cell (its
+    /// top-left corner, a border cell in the padding) with weight 1, so only that cell is
+    /// touched.
+    pub dense: bool,
 }
 
 /// Scatters the rows of `gcol` (`[(c - channels.start) * K + k][tile]`) of the local channels
@@ -77,7 +81,11 @@ fn scatter_body<T: Float>(
         pitch,
         tile,
         taps: k_taps,
+        dense,
     } = shape;
+    if dense {
+        return scatter_dense(planes, channel_stride, tile, k_taps, taps, gcol, channels);
+    }
     debug_assert_eq!(taps.len(), k_taps * tile);
     debug_assert!(gcol.len() >= channels.len() * k_taps * tile);
     // One pass over the table (1 / channels of the work) proves every access in bounds.
@@ -125,6 +133,40 @@ fn scatter_body<T: Float>(
             let tk = &taps[k * tile..][..tile];
             for (e, &g) in tk.iter().zip(row) {
                 add_corners(plane, e.scatter, pitch, g * e.m, &e.weights);
+            }
+        }
+    }
+}
+
+/// The dense case: `plane[b] += g` (the sample's weight is exactly 1 and its mask 1; the
+/// three other corners have weight 0 and are skipped).
+#[inline(always)]
+fn scatter_dense<T: Float>(
+    planes: &mut [T],
+    channel_stride: usize,
+    tile: usize,
+    k_taps: usize,
+    taps: &[Tap<T>],
+    gcol: &[T],
+    channels: Range<usize>,
+) {
+    let reach = taps.iter().map(|t| t.scatter).max().unwrap_or(0) + 1;
+    if channels.is_empty() {
+        return;
+    }
+    assert!(
+        (channels.end - 1) * channel_stride + reach <= planes.len(),
+        "planes too short"
+    );
+    for (ci, c) in channels.enumerate() {
+        let plane = &mut planes[c * channel_stride..][..reach];
+        for k in 0..k_taps {
+            let row = &gcol[(ci * k_taps + k) * tile..][..tile];
+            let tk = &taps[k * tile..][..tile];
+            for (e, &g) in tk.iter().zip(row) {
+                debug_assert!(e.scatter < reach);
+                // SAFETY: e.scatter <= max scatter base = reach - 1 < plane.len().
+                unsafe { *plane.get_unchecked_mut(e.scatter) += g };
             }
         }
     }

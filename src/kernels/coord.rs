@@ -182,6 +182,7 @@ fn run_body<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
         pitch,
         tile,
         taps: k_taps,
+        dense,
     } = shape;
     let rows = channels.len() * k_taps * tile;
     debug_assert_eq!(taps.len(), k_taps * tile);
@@ -201,6 +202,20 @@ fn run_body<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     );
     let (first, count) = (channels.start, channels.len());
     let SampleOut { dy, dx, mask, cols } = out;
+    if dense && COLS && !OFFSET && !MASK {
+        // Dense columns: the sample's cell itself (a border zero in the padding), im2col.
+        for ci in 0..count {
+            let plane = &planes[(first + ci) * channel_stride..][..reach];
+            for k in 0..k_taps {
+                let r0 = (ci * k_taps + k) * tile;
+                let tk = &taps[k * tile..][..tile];
+                for (q, e) in tk.iter().enumerate() {
+                    cols[r0 + q] = plane[e.gather];
+                }
+            }
+        }
+        return;
+    }
     // Four channels per table entry: the entry, the accumulators and the per-entry arithmetic
     // are shared, and the four channels' terms are still added in ascending channel order.
     let mut ci = 0;

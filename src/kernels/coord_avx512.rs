@@ -85,6 +85,7 @@ pub(crate) unsafe fn run<const OFFSET: bool, const MASK: bool, const COLS: bool>
         pitch,
         tile,
         taps: k_taps,
+        dense: _,
     } = shape;
     let entries = k_taps * tile;
     let rows = channels.len() * entries;
@@ -269,6 +270,7 @@ mod tests {
             pitch: layout.pitch(),
             tile,
             taps: k_taps,
+            dense: false,
         };
         let gcol: Vec<f32> = (0..channels * k_taps * tile)
             .map(|_| next() - 0.5)
