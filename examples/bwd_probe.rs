@@ -2,7 +2,7 @@
 #[path = "../benches/workloads/mod.rs"]
 mod workloads;
 
-use deformconv::{deform_conv2d_backward, Want};
+use deformconv::{conv2d, conv2d_backward, deform_conv2d, deform_conv2d_backward, Want};
 use ndarray::Array4;
 use std::time::Instant;
 
@@ -25,6 +25,46 @@ fn main() {
             ((a * 7 + b * 3 + c + d) % 11) as f32 * 0.1 - 0.5
         });
         let p = wl.params();
+        for name in ["fwd", "dense_fwd+bwd"] {
+            if !only.is_empty() && !only.iter().any(|w| w == name) {
+                continue;
+            }
+            let mut best = f64::MAX;
+            for _ in 0..8 {
+                let t = Instant::now();
+                if name == "fwd" {
+                    let r = deform_conv2d(
+                        ops.input.view(),
+                        ops.offset.view(),
+                        ops.mask.as_ref().map(|m| m.view()),
+                        ops.weight.view(),
+                        ops.bias.as_ref().map(|b| b.view()),
+                        &p,
+                    )
+                    .unwrap();
+                    std::hint::black_box(r);
+                } else {
+                    let r = conv2d(
+                        ops.input.view(),
+                        ops.weight.view(),
+                        ops.bias.as_ref().map(|b| b.view()),
+                        &p,
+                    )
+                    .unwrap();
+                    let b = conv2d_backward(
+                        go.view(),
+                        ops.input.view(),
+                        ops.weight.view(),
+                        &p,
+                        Want::ALL,
+                    )
+                    .unwrap();
+                    std::hint::black_box((r, b));
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            println!("{} {name}: wall min {:.2} ms", wl.name, best * 1e3);
+        }
         for (name, want) in [
             ("input", Want::NONE.input()),
             ("offset", Want::NONE.offset()),
