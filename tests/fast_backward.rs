@@ -281,6 +281,75 @@ proptest! {
     }
 }
 
+/// Images larger than one pixel tile (several tiles scatter into the same planes) and many
+/// small images packed into one tile, against the reference.
+#[test]
+fn multi_tile_images_and_packed_images_match_reference() {
+    let big = Case {
+        n: 2,
+        c_in: 4,
+        c_out: 3,
+        h: 26,
+        w: 27,
+        kh: 3,
+        kw: 2,
+        params: ConvParams::default().padding(1, 1).offset_groups(2),
+        mask: true,
+        bias: false,
+        seed: 11,
+    };
+    let packed = Case {
+        n: 45,
+        h: 4,
+        w: 5,
+        seed: 12,
+        ..big.clone()
+    };
+    for case in [big, packed] {
+        let t = case.tensors();
+        let p = &case.params;
+        let g_out = grad_out_for(&case, case.seed);
+        let mask = t.mask.as_ref().map(|m| m.view());
+        let all = all_and_separate(
+            g_out.view(),
+            t.input.view(),
+            t.offset.view(),
+            mask,
+            t.weight.view(),
+            p,
+        );
+        let [gi, go, gm, gw] = reference_grads(&t, g_out.view(), p);
+        assert_rel_close(
+            "tiles",
+            "grad_input",
+            &all.input.unwrap().view(),
+            &gi.view(),
+            1e-12,
+        );
+        assert_rel_close(
+            "tiles",
+            "grad_offset",
+            &all.offset.unwrap().view(),
+            &go.view(),
+            1e-12,
+        );
+        assert_rel_close(
+            "tiles",
+            "grad_mask",
+            &all.mask.unwrap().view(),
+            &gm.view(),
+            1e-12,
+        );
+        assert_rel_close(
+            "tiles",
+            "grad_weight",
+            &all.weight.unwrap().view(),
+            &gw.view(),
+            1e-12,
+        );
+    }
+}
+
 #[test]
 fn every_golden_case_through_the_fast_path_in_f64() {
     let cases = golden_cases();

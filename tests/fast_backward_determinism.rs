@@ -13,8 +13,8 @@ fn problems() -> Vec<Case> {
         n: 3,
         c_in: 8,
         c_out: 6,
-        h: 20,
-        w: 20,
+        h: 24,
+        w: 24,
         kh: 3,
         kw: 3,
         params: ConvParams::default().padding(1, 1).offset_groups(2),
@@ -23,9 +23,9 @@ fn problems() -> Vec<Case> {
         seed: 1,
     };
     vec![
-        // 400 pixels per image: two tiles per image, three slots.
+        // 576 pixels per image: two tiles per image, two slots.
         base.clone(),
-        // 25 pixels per image: ten images per tile, four groups.
+        // 25 pixels per image: up to twenty images per tile, two groups.
         Case {
             n: 37,
             h: 5,

@@ -14,8 +14,8 @@
 //! `grad_mask[n, channels of its offset group]` for the images of its slot, so it writes them
 //! without atomics; it sums over the channels of its offset group itself, in ascending order.
 //! `grad_weight` columns of an offset group's channels are summed by the task over its slot's
-//! groups in order into a private partial, and the `R` partials of each column are added in slot
-//! order at the end.
+//! groups in order: slot 0 straight into the output, the other slots into private partials,
+//! which are added to the output in slot order at the end.
 //!
 //! **Per tile** (for each segment = offset group ∩ conv group, channels ascending):
 //! ```text
@@ -27,11 +27,16 @@
 //! wpart[o, c', k]     += sum_p gt[o, p] * cols[c', k, p]               (GEMM, if weight)
 //! ```
 //!
+//! (`grad_weight` GEMMs overwrite on a task's first tile, `beta = 0`, and accumulate after.)
+//! ```text
+//! ```
+//!
 //! **Workspace** (elements of `T`, `t = min(threads, tasks)` tasks running at once, `P` =
 //! [`TILE_PIXELS`], `Cs` = channels of the largest segment, `I` = images per group (1 when
 //! `H_out W_out >= P`, else at most `P / (H_out W_out)`), `Pl = (H+2)(W+2)`):
-//! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~6 K P (taps)] + (R + 1) |weight|`;
-//! nothing grows with the batch size `N` (`R <= MIN_TASKS`).
+//! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~12 K P (taps)] + (R - 1) |weight|`
+//! (`+ |weight|` when the caller's `grad_weight` is not row-major); nothing grows with the batch
+//! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB.
 
 use std::ops::Range;
 
@@ -41,13 +46,16 @@ use rayon::prelude::*;
 use crate::float::Float;
 use crate::geometry::Geometry;
 use crate::kernels::col2im::{scatter, TileShape};
-use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
+use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant, TapColumns};
 use crate::kernels::taps::{PlaneLayout, Tap};
 
-/// Most output pixels in one tile (GEMM width). Measured on W2/W4 (f32, 2 threads).
-pub(crate) const TILE_PIXELS: usize = 256;
-/// Tasks the partition aims for, independent of the thread count.
-pub(crate) const MIN_TASKS: usize = 8;
+/// Most output pixels in one tile (GEMM width). 512 rather than 256: the column-gradient GEMM
+/// repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward at 256 (1 thread;
+/// the machine was too contended to resolve 512 vs 1024).
+pub(crate) const TILE_PIXELS: usize = 512;
+/// Tasks the partition aims for, independent of the thread count: enough to balance 2-4
+/// threads, few enough that W2 (4 offset groups) needs no weight partials.
+pub(crate) const MIN_TASKS: usize = 4;
 
 /// One contiguous run of output pixels of one image inside a tile.
 #[derive(Debug, Clone)]
@@ -205,7 +213,7 @@ impl Plan {
         }
         let weight = g.c_out * g.c_in_per_group() * k;
         let partials = if want.weight {
-            (self.slots + 1) * weight
+            (self.slots - 1) * weight
         } else {
             0
         };
@@ -316,6 +324,21 @@ pub(crate) struct ImageOut<'a, T> {
     pub mask: Option<ArrayViewMut3<'a, T>>,
 }
 
+/// The final `grad_weight` buffer, `[C_out, C_in/groups * K]` row-major, shared by the slot-0
+/// tasks, each of which writes only the columns of its own offset group's channels.
+#[derive(Clone, Copy)]
+struct WeightOut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: the pointer is only dereferenced (through the GEMM) by the slot-0 tasks, on disjoint
+// column blocks (the offset groups' channels are disjoint), while `run` holds the exclusive
+// borrow of the buffer and waits for every task before touching it again.
+unsafe impl<T: Send> Send for WeightOut<T> {}
+// SAFETY: as above; no two tasks ever access the same element.
+unsafe impl<T: Sync> Sync for WeightOut<T> {}
+
 /// Runs the backward for `needs`. `outs[n * G_off + og]` are the output views of (n, og);
 /// `weight_out`, if `needs.weight`, receives `grad_weight` as `[C_out, C_in/groups * K]`
 /// row-major.
@@ -340,47 +363,62 @@ pub(crate) fn run<T: Float>(
         let (n, og) = (i / g.offset_groups, i % g.offset_groups);
         per_task[plan.slot_of_image(n) * g.offset_groups + og].push((n, out));
     }
+    let weight_len = g.c_out * g.c_in_per_group() * g.taps();
+    let mut weight_out = weight_out.filter(|_| needs.weight);
+    let shared = weight_out.as_deref_mut().map(|w| {
+        debug_assert_eq!(w.len(), weight_len);
+        WeightOut {
+            ptr: w.as_mut_ptr(),
+            len: w.len(),
+        }
+    });
     let results: Vec<(Vec<T>, Stats)> = per_task
         .into_par_iter()
         .enumerate()
         .map(|(t, views)| {
             let (slot, og) = (t / g.offset_groups, t % g.offset_groups);
-            Task::new(g, &plan, ops, needs, og).run(slot, views)
+            let out = if slot == 0 { shared } else { None };
+            Task::new(g, &plan, ops, needs, og).run(slot, views, out)
         })
         .collect();
     let stats = results
         .iter()
         .fold(Stats::default(), |acc, (_, s)| acc.add(*s));
     if let Some(w) = weight_out {
-        reduce_weight(g, &plan, &results, w);
+        add_partials(g, &plan, &results, w);
     }
     stats
 }
 
-/// `grad_weight` = the slot partials added in slot order, into `[C_out, C_in/groups * K]`.
-fn reduce_weight<T: Float>(g: &Geometry, plan: &Plan, results: &[(Vec<T>, Stats)], out: &mut [T]) {
-    let cink = g.c_in_per_group() * g.taps();
+/// `grad_weight += partial[slot]` for slots `1..R` in slot order (slot 0 wrote `out`
+/// directly), rows of `out` in parallel.
+fn add_partials<T: Float>(g: &Geometry, plan: &Plan, results: &[(Vec<T>, Stats)], out: &mut [T]) {
+    if plan.slots < 2 {
+        return;
+    }
+    let k_taps = g.taps();
+    let cink = g.c_in_per_group() * k_taps;
     let cog = g.c_out_per_group();
-    for og in 0..g.offset_groups {
-        for seg in segments(g, og) {
-            let rows = (seg.c_hi - seg.c_lo) * g.taps();
-            let col0 = (seg.c_lo - seg.conv_group * g.c_in_per_group()) * g.taps();
-            for o in 0..cog {
-                let dst = &mut out[(seg.conv_group * cog + o) * cink + col0..][..rows];
-                for slot in 0..plan.slots {
+    let segs: Vec<(usize, Segment)> = (0..g.offset_groups)
+        .flat_map(|og| segments(g, og).into_iter().map(move |s| (og, s)))
+        .collect();
+    out.par_chunks_mut(cink)
+        .enumerate()
+        .for_each(|(o_glob, row)| {
+            let (conv_group, o) = (o_glob / cog, o_glob % cog);
+            for (og, seg) in segs.iter().filter(|(_, s)| s.conv_group == conv_group) {
+                let rows = (seg.c_hi - seg.c_lo) * k_taps;
+                let col0 = (seg.c_lo - conv_group * g.c_in_per_group()) * k_taps;
+                let dst = &mut row[col0..][..rows];
+                for slot in 1..plan.slots {
                     let part = &results[slot * g.offset_groups + og].0;
                     let src = &part[seg.part_offset + o * rows..][..rows];
-                    if slot == 0 {
-                        dst.copy_from_slice(src);
-                    } else {
-                        for (d, &s) in dst.iter_mut().zip(src) {
-                            *d += s;
-                        }
+                    for (d, &s) in dst.iter_mut().zip(src) {
+                        *d += s;
                     }
                 }
             }
-        }
-    }
+        });
 }
 
 /// The scratch and fixed facts of one (slot, offset group) task.
@@ -417,7 +455,12 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
 
     /// Processes the groups `slot, slot + R, ...`; `views` are the outputs of their images in
     /// order. Returns the weight partial (empty unless wanted).
-    fn run(mut self, slot: usize, mut views: Vec<(usize, ImageOut<'_, T>)>) -> (Vec<T>, Stats) {
+    fn run(
+        mut self,
+        slot: usize,
+        mut views: Vec<(usize, ImageOut<'_, T>)>,
+        weight_out: Option<WeightOut<T>>,
+    ) -> (Vec<T>, Stats) {
         let g = self.g;
         let needs = self.needs;
         let k_taps = g.taps();
@@ -441,8 +484,18 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let mut acc_dx = alloc(needs.offset, k_taps * p);
         let mut acc_m = alloc(needs.mask, k_taps * p);
         let part_len = g.c_out_per_group() * cpo * k_taps;
-        let mut wpart = alloc(needs.weight, part_len);
+        // Slot 0 writes grad_weight itself; the other slots keep a private partial.
+        let mut wpart = alloc(needs.weight && weight_out.is_none(), part_len);
+        let mut first_weight_tile = true;
         let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
+        // The column copy of the table for the AVX-512 f32 loop of `coord`.
+        // Dense convolution: zero offsets and no mask, so every sample is one cell with weight 1.
+        let dense = self.ops.offset.is_none() && self.ops.mask.is_none();
+        let simd_columns = !dense
+            && needs.input_planes()
+            && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
+            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+        let mut columns = TapColumns::<T>::default();
         self.stats.grad_plane_elems += gr_planes.len();
         self.stats.col_elems += gcol.len() + cols.len();
         self.stats.weight_part_elems += wpart.len();
@@ -464,12 +517,14 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             for tile in &group.tiles {
                 let width: usize = tile.iter().map(|pc| pc.pixels.len()).sum();
                 let shape = TileShape {
-                    plane_len: self.layout.len(),
+                    channel_stride: self.plan.max_images * self.layout.len(),
                     pitch: self.layout.pitch(),
                     tile: width,
                     taps: k_taps,
+                    dense,
                 };
                 self.build_taps(group, tile, width, &mut taps);
+                let have_columns = simd_columns && columns.fill(&taps);
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -504,14 +559,25 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                             mask: &mut acc_m,
                             cols: &mut cols,
                         };
-                        sample_gradients(&in_planes, shape, &taps, &gcol, local, want, out);
+                        let cols_table = have_columns.then_some(&columns);
+                        sample_gradients(
+                            &in_planes, shape, &taps, cols_table, &gcol, local, want, out,
+                        );
                         self.stats.sample_passes += 1;
                     }
                     if needs.weight {
-                        let part = &mut wpart[seg.part_offset..][..cog * rows];
-                        self.weight_gradient(rows, width, &gt, &cols[..rows * width], part);
+                        let cols = &cols[..rows * width];
+                        let beta = if first_weight_tile { T::ZERO } else { T::ONE };
+                        match weight_out {
+                            Some(w) => self.weight_gradient_into(seg, width, &gt, cols, w, beta),
+                            None => {
+                                let part = &mut wpart[seg.part_offset..][..cog * rows];
+                                self.weight_gradient(rows, width, &gt, cols, part, beta);
+                            }
+                        }
                     }
                 }
+                first_weight_tile = false;
                 if needs.offset || needs.mask {
                     self.write_sample_grads(
                         group,
@@ -533,6 +599,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
 
     /// Copies the offset group's input planes of the group's images into the padded buffer
     /// (borders stay zero).
+    #[inline(never)]
     fn load_input(&mut self, group: &ImageGroup, planes: &mut [T]) {
         let Some(input) = &self.ops.input else {
             return;
@@ -541,7 +608,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let l = self.layout;
         for (j, n) in group.images.clone().enumerate() {
             for c in 0..cpo {
-                let plane = &mut planes[(j * cpo + c) * l.len()..][..l.len()];
+                let plane = &mut planes[(c * self.plan.max_images + j) * l.len()..][..l.len()];
                 let src = input.index_axis(ndarray::Axis(0), n);
                 let src = src.index_axis(ndarray::Axis(0), self.og * cpo + c);
                 for (r, row) in src.outer_iter().enumerate() {
@@ -556,18 +623,51 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     }
 
     /// The sampling table `[k][tile column]` of the tile.
+    #[inline(never)]
     fn build_taps(&self, group: &ImageGroup, tile: &[Piece], width: usize, taps: &mut Vec<Tap<T>>) {
+        use crate::kernels::lanes::{isa, Isa};
+        // Compiled for the best instruction set, `floor` becomes one instruction instead of a
+        // library call (W1: the table build was a quarter of the backward).
+        match isa() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
+            Isa::Avx2 | Isa::Avx512 => unsafe { self.build_taps_avx2(group, tile, width, taps) },
+            _ => self.build_taps_body(group, tile, width, taps),
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn build_taps_avx2(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        self.build_taps_body(group, tile, width, taps)
+    }
+
+    #[inline(always)]
+    fn build_taps_body(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
         let g = self.g;
         let k_taps = g.taps();
         let hw = g.out_pixels();
-        let cpo = g.c_per_offset_group();
         let plane_len = self.layout.len();
         taps.clear();
         for k in 0..k_taps {
             let (i, j) = (k / g.kw, k % g.kw);
             let ch = self.og * k_taps + k;
             for pc in tile {
-                let plane0 = (pc.image - group.images.start) * cpo * plane_len;
+                let plane0 = (pc.image - group.images.start) * plane_len;
                 let n = pc.image;
                 let oc = 2 * g.offset_groups * k_taps;
                 let mc = g.offset_groups * k_taps;
@@ -591,6 +691,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     }
 
     /// `gt[o, col] = grad_out[n, conv_group * C_out/groups + o, p]` for the tile's pixels.
+    #[inline(never)]
     fn pack_grad_out(&self, conv_group: usize, tile: &[Piece], width: usize, gt: &mut [T]) {
         let g = self.g;
         let hw = g.out_pixels();
@@ -645,8 +746,16 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         self.stats.gcol_gemms += 1;
     }
 
-    /// `part[o, r] += sum_col gt[o, col] * cols[r, col]`.
-    fn weight_gradient(&mut self, rows: usize, width: usize, gt: &[T], cols: &[T], part: &mut [T]) {
+    /// `part[o, r] = beta * part[o, r] + sum_col gt[o, col] * cols[r, col]`.
+    fn weight_gradient(
+        &mut self,
+        rows: usize,
+        width: usize,
+        gt: &[T],
+        cols: &[T],
+        part: &mut [T],
+        beta: T,
+    ) {
         let cog = self.g.c_out_per_group();
         debug_assert!(gt.len() >= cog * width && cols.len() >= rows * width);
         debug_assert!(part.len() >= cog * rows);
@@ -665,7 +774,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 cols.as_ptr(),
                 1,
                 width as isize,
-                T::ONE,
+                beta,
                 part.as_mut_ptr(),
                 rows as isize,
                 1,
@@ -674,8 +783,53 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         self.stats.weight_gemms += 1;
     }
 
+    /// [`Task::weight_gradient`] straight into the segment's block of the final `grad_weight`
+    /// (rows of its conv group, columns of its channels, row stride `C_in/groups * K`).
+    fn weight_gradient_into(
+        &mut self,
+        seg: &Segment,
+        width: usize,
+        gt: &[T],
+        cols: &[T],
+        out: WeightOut<T>,
+        beta: T,
+    ) {
+        let g = self.g;
+        let k_taps = g.taps();
+        let cink = g.c_in_per_group() * k_taps;
+        let cog = g.c_out_per_group();
+        let rows = (seg.c_hi - seg.c_lo) * k_taps;
+        let c0 =
+            seg.conv_group * cog * cink + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
+        debug_assert!(gt.len() >= cog * width && cols.len() >= rows * width);
+        debug_assert!(c0 + (cog - 1) * cink + rows <= out.len);
+        // SAFETY: C = out[c0 + o * cink + r], o < cog, r < rows, lies inside the buffer (checked
+        // above) and is the block of this task's offset group's channels, which no other task
+        // touches (see `WeightOut`); A = gt and B = colsᵀ as in `weight_gradient`.
+        unsafe {
+            T::gemm(
+                cog,
+                width,
+                rows,
+                T::ONE,
+                gt.as_ptr(),
+                width as isize,
+                1,
+                cols.as_ptr(),
+                1,
+                width as isize,
+                beta,
+                out.ptr.add(c0),
+                cink as isize,
+                1,
+            );
+        }
+        self.stats.weight_gemms += 1;
+    }
+
     /// Writes the tile's offset and mask gradients into the owned views.
     #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
     fn write_sample_grads(
         &self,
         group: &ImageGroup,
@@ -687,25 +841,36 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         dm: &[T],
     ) {
         let g = self.g;
+        // Copies `src` into channel `ch` of `view` at pixels `pixels` (row-major), as one slice
+        // copy when the channel is contiguous.
+        let put = |view: &mut ArrayViewMut3<'_, T>, ch: usize, pixels: &Range<usize>, src: &[T]| {
+            let mut plane = view.index_axis_mut(ndarray::Axis(0), ch);
+            if let Some(dst) = plane.as_slice_mut() {
+                dst[pixels.clone()].copy_from_slice(src);
+            } else {
+                for (p, &v) in pixels.clone().zip(src) {
+                    plane[[p / g.w_out, p % g.w_out]] = v;
+                }
+            }
+        };
         for pc in tile {
             let out = &mut views[pc.image - group.images.start].1;
+            let n = pc.pixels.len();
             for k in 0..g.taps() {
-                for (q, p) in pc.pixels.clone().enumerate() {
-                    let (y, x) = (p / g.w_out, p % g.w_out);
-                    let at = k * width + pc.col0 + q;
-                    if let Some(o) = out.offset.as_mut() {
-                        o[[2 * k, y, x]] = dy[at];
-                        o[[2 * k + 1, y, x]] = dx[at];
-                    }
-                    if let Some(m) = out.mask.as_mut() {
-                        m[[k, y, x]] = dm[at];
-                    }
+                let at = k * width + pc.col0;
+                if let Some(o) = out.offset.as_mut() {
+                    put(o, 2 * k, &pc.pixels, &dy[at..at + n]);
+                    put(o, 2 * k + 1, &pc.pixels, &dx[at..at + n]);
+                }
+                if let Some(m) = out.mask.as_mut() {
+                    put(m, k, &pc.pixels, &dm[at..at + n]);
                 }
             }
         }
     }
 
     /// Copies the interiors of the grad_input planes into the owned views.
+    #[inline(never)]
     fn store_input_grad(&self, planes: &[T], views: &mut [(usize, ImageOut<'_, T>)]) {
         let cpo = self.g.c_per_offset_group();
         let l = self.layout;
@@ -714,7 +879,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 continue;
             };
             for c in 0..cpo {
-                let plane = &planes[(j * cpo + c) * l.len()..][..l.len()];
+                let plane = &planes[(c * self.plan.max_images + j) * l.len()..][..l.len()];
                 let mut dst = view.index_axis_mut(ndarray::Axis(0), c);
                 for (r, mut row) in dst.outer_iter_mut().enumerate() {
                     let src = &plane[l.index(r as isize, 0)..][..l.w];

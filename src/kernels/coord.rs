@@ -19,7 +19,11 @@ use std::ops::Range;
 
 use crate::float::Float;
 use crate::kernels::col2im::TileShape;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::coord_avx512;
+pub(crate) use crate::kernels::coord_avx512::TapColumns;
 use crate::kernels::taps::Tap;
+use std::any::TypeId;
 
 /// What [`sample_gradients`] produces; slices not wanted may be empty.
 pub(crate) struct SampleOut<'a, T> {
@@ -46,38 +50,48 @@ pub(crate) struct SampleWant {
 
 /// For the local channels `channels` of the padded input `planes`, accumulates the offset and
 /// mask gradients and writes the columns, as in the module docs. `gcol` rows follow `cols`' and
-/// are only read when the offset or mask gradient is wanted.
+/// are only read when the offset or mask gradient is wanted. `columns`, the same table as
+/// columns, enables the AVX-512 loop for `f32` (bitwise the same results).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn sample_gradients<T: Float>(
     planes: &[T],
     shape: TileShape,
     taps: &[Tap<T>],
+    columns: Option<&TapColumns<T>>,
     gcol: &[T],
     channels: Range<usize>,
     want: SampleWant,
     out: SampleOut<'_, T>,
 ) {
+    macro_rules! go {
+        ($o:literal, $m:literal, $c:literal) => {
+            run::<T, $o, $m, $c>(planes, shape, taps, columns, gcol, channels, out)
+        };
+    }
     match (want.offset, want.mask, want.cols) {
-        (true, true, true) => run::<T, true, true, true>(planes, shape, taps, gcol, channels, out),
-        (true, true, false) => {
-            run::<T, true, true, false>(planes, shape, taps, gcol, channels, out)
-        }
-        (true, false, true) => {
-            run::<T, true, false, true>(planes, shape, taps, gcol, channels, out)
-        }
-        (true, false, false) => {
-            run::<T, true, false, false>(planes, shape, taps, gcol, channels, out)
-        }
-        (false, true, true) => {
-            run::<T, false, true, true>(planes, shape, taps, gcol, channels, out)
-        }
-        (false, true, false) => {
-            run::<T, false, true, false>(planes, shape, taps, gcol, channels, out)
-        }
-        (false, false, true) => {
-            run::<T, false, false, true>(planes, shape, taps, gcol, channels, out)
-        }
+        (true, true, true) => go!(true, true, true),
+        (true, true, false) => go!(true, true, false),
+        (true, false, true) => go!(true, false, true),
+        (true, false, false) => go!(true, false, false),
+        (false, true, true) => go!(false, true, true),
+        (false, true, false) => go!(false, true, false),
+        (false, false, true) => go!(false, false, true),
         (false, false, false) => {}
     }
+}
+
+/// `s` as a slice of `U` when `T` is `U`.
+fn same_type<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+    // SAFETY: T and U are the same type, so the cast is the identity.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) })
+}
+
+/// `s` as a mutable slice of `U` when `T` is `U`.
+fn same_type_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
+    // SAFETY: T and U are the same type, so the cast is the identity.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut U, s.len()) })
 }
 
 /// `(Wy, Wx)` from the corner values, the formula of [`crate::sample::coordinate_weights`].
@@ -88,8 +102,74 @@ fn coordinate_weights<T: Float>(ly: T, lx: T, [v00, v01, v10, v11]: [T; 4]) -> (
     (wy, wx)
 }
 
-#[inline(always)]
+/// [`run_body`] compiled for the best instruction set (VEX encoding, `floor` inline; the same
+/// IEEE operations, so bitwise the same results).
+#[inline(never)]
 fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
+    planes: &[T],
+    shape: TileShape,
+    taps: &[Tap<T>],
+    columns: Option<&TapColumns<T>>,
+    gcol: &[T],
+    channels: Range<usize>,
+    out: SampleOut<'_, T>,
+) {
+    use crate::kernels::lanes::{isa, Isa};
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512, Some(table)) = (isa(), columns) {
+        // Measured on W4 (f32, 1 thread, contended machine): see the commit message.
+        if let (Some(planes), Some(gcol)) = (same_type::<T, f32>(planes), same_type::<T, f32>(gcol))
+        {
+            // SAFETY: T is f32 (checked by `same_type`), so the table has the same layout.
+            let table = unsafe { &*(table as *const TapColumns<T> as *const TapColumns<f32>) };
+            let SampleOut { dy, dx, mask, cols } = out;
+            let out32 = (
+                same_type_mut::<T, f32>(dy),
+                same_type_mut::<T, f32>(dx),
+                same_type_mut::<T, f32>(mask),
+                same_type_mut::<T, f32>(cols),
+            );
+            if let (Some(dy), Some(dx), Some(mask), Some(cols)) = out32 {
+                let out = SampleOut { dy, dx, mask, cols };
+                debug_assert_eq!(table.gather.len(), taps.len());
+                // SAFETY: AVX-512F was detected; the table was filled from `taps` (the driver
+                // refills it with every table) and the slices are those `run_body` accepts.
+                unsafe {
+                    coord_avx512::run::<OFFSET, MASK, COLS>(
+                        planes, shape, table, gcol, channels, out,
+                    )
+                };
+            }
+            return;
+        }
+    }
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
+        Isa::Avx2 | Isa::Avx512 => unsafe {
+            run_avx2::<T, OFFSET, MASK, COLS>(planes, shape, taps, gcol, channels, out)
+        },
+        _ => run_body::<T, OFFSET, MASK, COLS>(planes, shape, taps, gcol, channels, out),
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_avx2<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
+    planes: &[T],
+    shape: TileShape,
+    taps: &[Tap<T>],
+    gcol: &[T],
+    channels: Range<usize>,
+    out: SampleOut<'_, T>,
+) {
+    run_body::<T, OFFSET, MASK, COLS>(planes, shape, taps, gcol, channels, out)
+}
+
+#[inline(always)]
+fn run_body<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     planes: &[T],
     shape: TileShape,
     taps: &[Tap<T>],
@@ -98,10 +178,11 @@ fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     out: SampleOut<'_, T>,
 ) {
     let TileShape {
-        plane_len,
+        channel_stride,
         pitch,
         tile,
         taps: k_taps,
+        dense,
     } = shape;
     let rows = channels.len() * k_taps * tile;
     debug_assert_eq!(taps.len(), k_taps * tile);
@@ -109,40 +190,111 @@ fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     debug_assert!(!COLS || out.cols.len() >= rows);
     debug_assert!(!OFFSET || (out.dy.len() >= k_taps * tile && out.dx.len() >= k_taps * tile));
     debug_assert!(!MASK || out.mask.len() >= k_taps * tile);
-    for (ci, c) in channels.enumerate() {
-        let off = c * plane_len;
-        for k in 0..k_taps {
-            let r0 = (ci * k_taps + k) * tile;
-            let tk = &taps[k * tile..][..tile];
-            for (q, e) in tk.iter().enumerate() {
-                let b = off + e.gather;
-                let cell = &planes[b..b + pitch + 2];
-                let v = [cell[0], cell[1], cell[pitch], cell[pitch + 1]];
-                let bil = if e.inside {
-                    e.weights[0] * v[0]
-                        + e.weights[1] * v[1]
-                        + e.weights[2] * v[2]
-                        + e.weights[3] * v[3]
-                } else {
-                    T::ZERO
-                };
-                if OFFSET || MASK {
-                    let g = gcol[r0 + q];
-                    if OFFSET {
-                        let (wy, wx) = coordinate_weights(e.ly, e.lx, v);
-                        let gm = g * e.m;
-                        out.dy[k * tile + q] += gm * wy;
-                        out.dx[k * tile + q] += gm * wx;
-                    }
-                    if MASK {
-                        out.mask[k * tile + q] += g * bil;
-                    }
-                }
-                if COLS {
-                    out.cols[r0 + q] = e.m * bil;
+    // One pass over the table (1 / channels of the work) proves every access in bounds.
+    let max_base = taps.iter().map(|t| t.gather).max().unwrap_or(0);
+    let reach = max_base + pitch + 2;
+    if channels.is_empty() {
+        return;
+    }
+    assert!(
+        (channels.end - 1) * channel_stride + reach <= planes.len(),
+        "planes too short"
+    );
+    let (first, count) = (channels.start, channels.len());
+    let SampleOut { dy, dx, mask, cols } = out;
+    if dense && COLS && !OFFSET && !MASK {
+        // Dense columns: the sample's cell itself (a border zero in the padding), im2col.
+        for ci in 0..count {
+            let plane = &planes[(first + ci) * channel_stride..][..reach];
+            for k in 0..k_taps {
+                let r0 = (ci * k_taps + k) * tile;
+                let tk = &taps[k * tile..][..tile];
+                for (q, e) in tk.iter().enumerate() {
+                    cols[r0 + q] = plane[e.gather];
                 }
             }
         }
+        return;
+    }
+    // Four channels per table entry: the entry, the accumulators and the per-entry arithmetic
+    // are shared, and the four channels' terms are still added in ascending channel order.
+    let mut ci = 0;
+    while ci < count {
+        let lanes = if count - ci >= LANES { LANES } else { 1 };
+        let planes_l: [&[T]; LANES] = std::array::from_fn(|l| {
+            let c = first + ci + l.min(lanes - 1);
+            &planes[c * channel_stride..][..reach]
+        });
+        for k in 0..k_taps {
+            let tk = &taps[k * tile..][..tile];
+            let r0: [usize; LANES] =
+                std::array::from_fn(|l| ((ci + l.min(lanes - 1)) * k_taps + k) * tile);
+            for (q, e) in tk.iter().enumerate() {
+                let at = k * tile + q;
+                let (mut sy, mut sx, mut sm) = if OFFSET || MASK {
+                    (
+                        if OFFSET { dy[at] } else { T::ZERO },
+                        if OFFSET { dx[at] } else { T::ZERO },
+                        if MASK { mask[at] } else { T::ZERO },
+                    )
+                } else {
+                    (T::ZERO, T::ZERO, T::ZERO)
+                };
+                for l in 0..lanes {
+                    let v = corners(planes_l[l], e.gather, pitch);
+                    let bil = if e.inside {
+                        e.weights[0] * v[0]
+                            + e.weights[1] * v[1]
+                            + e.weights[2] * v[2]
+                            + e.weights[3] * v[3]
+                    } else {
+                        T::ZERO
+                    };
+                    if OFFSET || MASK {
+                        let g = gcol[r0[l] + q];
+                        if OFFSET {
+                            let (wy, wx) = coordinate_weights(e.ly, e.lx, v);
+                            let gm = g * e.m;
+                            sy += gm * wy;
+                            sx += gm * wx;
+                        }
+                        if MASK {
+                            sm += g * bil;
+                        }
+                    }
+                    if COLS {
+                        cols[r0[l] + q] = e.m * bil;
+                    }
+                }
+                if OFFSET {
+                    dy[at] = sy;
+                    dx[at] = sx;
+                }
+                if MASK {
+                    mask[at] = sm;
+                }
+            }
+        }
+        ci += lanes;
+    }
+}
+
+/// Channels processed per table entry.
+const LANES: usize = 4;
+
+/// The four corner values of the cell at `b`.
+#[inline(always)]
+fn corners<T: Float>(plane: &[T], b: usize, pitch: usize) -> [T; 4] {
+    debug_assert!(b + pitch + 1 < plane.len());
+    // SAFETY: every plane slice is `reach = max_base + pitch + 2` long and b <= max_base (the
+    // bases come from the same table), so b + pitch + 1 < plane.len().
+    unsafe {
+        [
+            *plane.get_unchecked(b),
+            *plane.get_unchecked(b + 1),
+            *plane.get_unchecked(b + pitch),
+            *plane.get_unchecked(b + pitch + 1),
+        ]
     }
 }
 

@@ -26,6 +26,7 @@
 
 pub(crate) mod col2im;
 pub(crate) mod coord;
+pub(crate) mod coord_avx512;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;

@@ -74,8 +74,76 @@ pub(crate) struct Tap<T> {
 impl<T: Float> Tap<T> {
     /// The table entry of the sample at `(base_y + dy, base_x + dx)` with mask `m`, its bases
     /// shifted by `plane0` (the first cell of the image's planes in the task's buffer).
-    #[inline]
+    #[inline(always)]
     pub fn new(
+        layout: PlaneLayout,
+        plane0: usize,
+        (base_y, dy): (isize, T),
+        (base_x, dx): (isize, T),
+        m: T,
+    ) -> Self {
+        if !Self::is_plain(dy, dx) {
+            return Self::by_rule(layout, plane0, (base_y, dy), (base_x, dx), m);
+        }
+        Self::plain(layout, plane0, (base_y, dy), (base_x, dx), m)
+    }
+
+    /// Whether [`Tap::plain`] applies: both offsets below `2^22` in magnitude (so not NaN).
+    #[inline(always)]
+    fn is_plain(dy: T, dx: T) -> bool {
+        let limit = T::from_usize(1 << 22);
+        dy.abs() < limit && dx.abs() < limit
+    }
+
+    /// [`Tap::new`] for offsets with [`Tap::is_plain`].
+    #[inline(always)]
+    fn plain(
+        layout: PlaneLayout,
+        plane0: usize,
+        (base_y, dy): (isize, T),
+        (base_x, dx): (isize, T),
+        m: T,
+    ) -> Self {
+        debug_assert!(Self::is_plain(dy, dx));
+        // |d| < 2^22 (so not NaN): `sample::split` does not clamp and `corners` reduces to
+        // this; the same values as `by_rule`, with few branches (a unit test compares both).
+        // Measured on W1 (1 thread): the table build was 27% of the backward.
+        let (fy, fx) = (dy.floor(), dx.floor());
+        let (ly, lx) = (dy - fy, dx - fx);
+        let (hy, hx) = ((fy + T::ONE) - dy, (fx + T::ONE) - dx);
+        let y0 = base_y + fy.to_f64() as isize;
+        let x0 = base_x + fx.to_f64() as isize;
+        let (hi, wi) = (layout.h as isize, layout.w as isize);
+        let zero = plane0 + layout.zero_base();
+        let inside = (y0 >= 0 || (y0 == -1 && ly > T::ZERO))
+            && (x0 >= 0 || (x0 == -1 && lx > T::ZERO))
+            && y0 < hi
+            && x0 < wi;
+        let addressable = y0 >= -1 && y0 < hi && x0 >= -1 && x0 < wi;
+        // One struct built from selects (few branches).
+        let cell = plane0 + layout.index(y0.clamp(-1, hi), x0.clamp(-1, wi));
+        let reads = inside || addressable;
+        let pick = |on: bool, v: T| if on { v } else { T::ZERO };
+        Tap {
+            gather: if reads { cell } else { zero },
+            scatter: if inside { cell } else { zero },
+            weights: [
+                pick(inside, hy * hx),
+                pick(inside, hy * lx),
+                pick(inside, ly * hx),
+                pick(inside, ly * lx),
+            ],
+            ly: pick(reads, ly),
+            lx: pick(reads, lx),
+            m,
+            inside,
+        }
+    }
+
+    /// [`Tap::new`] straight from [`crate::sample::locate`] and [`crate::sample::corners`]
+    /// (used for NaN and huge offsets).
+    #[inline(never)]
+    fn by_rule(
         layout: PlaneLayout,
         plane0: usize,
         (base_y, dy): (isize, T),
@@ -141,6 +209,43 @@ impl<T: Float> Tap<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn same<T: Float>(a: &Tap<T>, b: &Tap<T>) -> bool {
+        let eq = |x: T, y: T| x.to_f64().to_bits() == y.to_f64().to_bits();
+        a.gather == b.gather
+            && a.scatter == b.scatter
+            && a.inside == b.inside
+            && eq(a.ly, b.ly)
+            && eq(a.lx, b.lx)
+            && eq(a.m, b.m)
+            && (0..4).all(|c| eq(a.weights[c], b.weights[c]))
+    }
+
+    /// The straight-line table entry equals the one built from `sample::locate` / `corners`,
+    /// on border, integer, near-integer, small negative and far positions, in f32 and f64.
+    #[test]
+    fn fast_entry_equals_the_rule() {
+        let l = PlaneLayout { h: 4, w: 3 };
+        let ds = [
+            -3.5, -2.0, -1.5, -1.0, -0.999, -0.5, -1e-7, 0.0, 1e-7, 0.25, 0.999, 1.0, 2.0, 2.5,
+            2.999, 3.0, 3.25, 4.0, 4.5, 7.0,
+        ];
+        for by in -2..6isize {
+            for bx in -2..5isize {
+                for &dy in &ds {
+                    for &dx in &ds {
+                        let a = Tap::new(l, 7, (by, dy), (bx, dx), 0.5f64);
+                        let b = Tap::by_rule(l, 7, (by, dy), (bx, dx), 0.5f64);
+                        assert!(same(&a, &b), "f64 ({by}+{dy}, {bx}+{dx})");
+                        let (fy, fx) = (dy as f32, dx as f32);
+                        let a = Tap::new(l, 7, (by, fy), (bx, fx), 0.5f32);
+                        let b = Tap::by_rule(l, 7, (by, fy), (bx, fx), 0.5f32);
+                        assert!(same(&a, &b), "f32 ({by}+{dy}, {bx}+{dx})");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn zero_base_cells_are_all_border() {
