@@ -57,3 +57,8 @@ pub use float::Float;
 pub use forward::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into};
 pub use geometry::{checked_elements, Geometry};
 pub use params::{ConvParams, Padding};
+
+/// The README's examples, compiled and run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
