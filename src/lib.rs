@@ -12,7 +12,8 @@
 //! Tensors are NCHW `ndarray` views; see [`ConvParams`] for the parameters and [`Geometry`]
 //! for the shapes every function expects. Weights, tensors and offsets laid out the way other
 //! frameworks lay them out (Lasagne, Theano, TensorFlow, TensorFlow Lite, mmcv, MindSpore) are
-//! converted by [`layout`] and [`offset_layout`].
+//! converted by [`layout`] and [`offset_layout`]; [`nhwc`] runs the forward and every gradient
+//! on NHWC tensors directly.
 //!
 //! ## Judging other implementations
 //!
@@ -34,6 +35,7 @@ mod forward;
 mod geometry;
 mod kernels;
 pub mod layout;
+pub mod nhwc;
 pub mod offset_layout;
 mod params;
 mod plan;

@@ -331,10 +331,13 @@ type DenseConv = fn(
     &ConvParams,
 ) -> Result<Array4<f64>>;
 
-/// The two functions the migration test runs through. To prove the fast path, swap each for
-/// `deformconv::conv2d_grad_weight::<f64>` / `deformconv::conv2d::<f64>` (one line each).
-const MIGRATION_GRAD_WEIGHT: DenseGradWeight = reference_dense_grad_weight;
-const MIGRATION_CONV: DenseConv = reference::conv2d::<f64>;
+/// The two functions the migration test runs through: the fast path, which is what users
+/// migrate to. [`REFERENCE_GRAD_WEIGHT`] / [`REFERENCE_CONV`] run the same test on the oracle.
+const MIGRATION_GRAD_WEIGHT: DenseGradWeight = deformconv::conv2d_grad_weight::<f64>;
+const MIGRATION_CONV: DenseConv = deformconv::conv2d::<f64>;
+/// The oracle's versions of the two functions, for the reference-path variant of the test.
+const REFERENCE_GRAD_WEIGHT: DenseGradWeight = reference_dense_grad_weight;
+const REFERENCE_CONV: DenseConv = reference::conv2d::<f64>;
 
 /// `reference::grad_weight` with zero offsets and no mask: the weight gradient of a dense conv.
 fn reference_dense_grad_weight(
@@ -367,6 +370,7 @@ fn lasagne_dilated_conv2d_layer(
     input: &Array4<f64>,
     w_lasagne: &Array4<f64>,
     dilation: (usize, usize),
+    grad_weight: DenseGradWeight,
 ) -> Array4<f64> {
     let [n, _, h, wd] = dims(input);
     let [_, c_out, kh, kw] = dims(w_lasagne);
@@ -374,7 +378,7 @@ fn lasagne_dilated_conv2d_layer(
     let img = input.view().permuted_axes([1, 0, 2, 3]); // (C_in, N, H, W)
     let kshp = [c_out, n, h_out, w_out];
     let params = ConvParams::default().stride(dilation.0, dilation.1);
-    let conved = MIGRATION_GRAD_WEIGHT(w_lasagne.view(), img, kshp, &params).unwrap();
+    let conved = grad_weight(w_lasagne.view(), img, kshp, &params).unwrap();
     conved
         .permuted_axes([1, 0, 2, 3])
         .as_standard_layout()
@@ -383,12 +387,23 @@ fn lasagne_dilated_conv2d_layer(
 
 #[test]
 fn lasagne_dilated_layer_as_weight_gradient_equals_direct_dilated_conv_after_iohw_conversion() {
+    lasagne_migration(MIGRATION_GRAD_WEIGHT, MIGRATION_CONV);
+}
+
+#[test]
+fn lasagne_migration_holds_on_the_reference_path_too() {
+    lasagne_migration(REFERENCE_GRAD_WEIGHT, REFERENCE_CONV);
+}
+
+/// Lasagne's way (through `grad_weight`) and the direct dilated conv (through `conv`) agree
+/// exactly after the `Iohw` conversion.
+fn lasagne_migration(grad_weight: DenseGradWeight, conv: DenseConv) {
     // Non-square kernel and unequal dilations so that a swapped axis cannot go unnoticed.
     let (n, c_in, c_out, h, w, kh, kw) = (2, 3, 4, 11, 13, 3, 2);
     let dilation = (2, 3);
     let input = ints([n, c_in, h, w], 11);
     let w_lasagne = ints([c_in, c_out, kh, kw], 12); // get_W_shape: (C_in, C_out, kh, kw)
-    let lasagne = lasagne_dilated_conv2d_layer(&input, &w_lasagne, dilation);
+    let lasagne = lasagne_dilated_conv2d_layer(&input, &w_lasagne, dilation, grad_weight);
     assert_eq!(
         lasagne.shape(),
         &[n, c_out, h - (kh - 1) * 2, w - (kw - 1) * 3]
@@ -403,7 +418,7 @@ fn lasagne_dilated_layer_as_weight_gradient_equals_direct_dilated_conv_after_ioh
     )
     .unwrap();
     let params = ConvParams::default().dilation(dilation.0, dilation.1);
-    let direct = MIGRATION_CONV(input.view(), weight.view(), None, &params).unwrap();
+    let direct = conv(input.view(), weight.view(), None, &params).unwrap();
     assert_eq!(direct, lasagne);
 
     // The hand-swapped weights André used are the same array.
@@ -411,7 +426,7 @@ fn lasagne_dilated_layer_as_weight_gradient_equals_direct_dilated_conv_after_ioh
     assert_eq!(weight, swapped);
     // Loading them as if they were already OIHW fails loudly instead of computing garbage.
     let wrong = ConvParams::default().dilation(dilation.0, dilation.1);
-    assert!(reference::conv2d(input.view(), w_lasagne.view(), None, &wrong).is_err());
+    assert!(conv(input.view(), w_lasagne.view(), None, &wrong).is_err());
 }
 
 // ---------------------------------------------------------------------------------------------
