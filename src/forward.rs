@@ -94,7 +94,8 @@ fn standard1<'a, T: Float>(view: ArrayView1<'a, T>) -> CowArray<'a, T, Ix1> {
     if view.is_standard_layout() {
         CowArray::from(view)
     } else {
-        CowArray::from(view.to_owned())
+        // `to_owned` would keep a negative stride; this copy is always row-major.
+        CowArray::from(view.as_standard_layout().into_owned())
     }
 }
 

@@ -14,7 +14,9 @@
 //! px = x * stride_w - pad_left + j * dil_w + offset[n, 2 (g K + k) + 1, y, x]
 //! ```
 //!
-//! and is weighted by `m = mask[n, g K + k, y, x]` (1 without a mask).
+//! and is weighted by `m = mask[n, g K + k, y, x]` (1 without a mask). Positions are exact:
+//! the integer part `y * stride_h - pad_top + i * dil_h` is formed in `i128` and the offset is
+//! split into `floor(offset)` and its fraction, so `py` is never rounded (`Coord`).
 //!
 //! Bilinear sampling `B(v, py, px)` under the default [`Convention::Torchvision`]: 0 unless
 //! `-1 < py < H` and `-1 < px < W`; otherwise with `y0 = floor(py)`, `x0 = floor(px)`,
@@ -54,11 +56,42 @@ fn deform_geometry<T: Float>(
     Ok(g)
 }
 
+/// A sample coordinate along one axis, kept exactly as `whole + frac`: `whole` is the tap's
+/// integer position `out * stride - pad + tap * dilation` plus `floor(offset)`, and
+/// `frac = offset - floor(offset)` in `[0, 1]`. Forming `base + offset` in floating point would
+/// round (e.g. `2 + (1 - 2^-53)` becomes `3`, which moves the corners); the split does not.
+/// A NaN offset gives a NaN `whole`; an infinite one an infinite `whole` with `frac = 0`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Coord {
+    whole: f64,
+    frac: f64,
+}
+
+impl Coord {
+    /// The coordinate `base + d`.
+    pub(crate) fn new(base: i128, d: f64) -> Coord {
+        let f = d.floor();
+        let frac = if d.is_infinite() { 0.0 } else { d - f };
+        Coord {
+            whole: base as f64 + f,
+            frac,
+        }
+    }
+
+    fn is_nan(self) -> bool {
+        self.whole.is_nan()
+    }
+
+    fn is_infinite(self) -> bool {
+        self.whole.is_infinite()
+    }
+}
+
 /// Everything about one (image, tap, output pixel, offset group): where it samples and how
 /// much the mask weighs it.
 struct Tap {
-    py: f64,
-    px: f64,
+    py: Coord,
+    px: Coord,
     m: f64,
 }
 
@@ -72,10 +105,15 @@ fn tap<T: Float>(
     let ch = og * g.taps() + k;
     let dy = offset[[n, 2 * ch, y, x]].to_f64();
     let dx = offset[[n, 2 * ch + 1, y, x]].to_f64();
-    let py = (y * g.stride_h) as f64 - g.pad_top as f64 + (i * g.dil_h) as f64 + dy;
-    let px = (x * g.stride_w) as f64 - g.pad_left as f64 + (j * g.dil_w) as f64 + dx;
+    let py = Coord::new(tap_base(y, g.stride_h, g.pad_top, i, g.dil_h), dy);
+    let px = Coord::new(tap_base(x, g.stride_w, g.pad_left, j, g.dil_w), dx);
     let m = mask.map_or(1.0, |m| m[[n, ch, y, x]].to_f64());
     Tap { py, px, m }
+}
+
+/// The undeformed position `out * stride - pad + tap * dil`, exactly (in `i128`).
+fn tap_base(out: usize, stride: usize, pad: usize, tap: usize, dil: usize) -> i128 {
+    out as i128 * stride as i128 - pad as i128 + tap as i128 * dil as i128
 }
 
 /// Pixel `(r, s)` of plane `(n, c)`, or 0 outside the image. `r`, `s` are whole numbers held
@@ -94,11 +132,16 @@ fn pixel<T: Float>(input: &ArrayView4<'_, T>, n: usize, c: usize, r: f64, s: f64
 ///
 /// - torchvision, mmcv: `-1 < py < H` and `-1 < px < W`;
 /// - DCN v1: `0 <= py < H` and `0 <= px < W`.
-pub(crate) fn counts(conv: Convention, h: usize, w: usize, py: f64, px: f64) -> bool {
-    let (h, w) = (h as f64, w as f64);
+pub(crate) fn counts(conv: Convention, h: usize, w: usize, py: Coord, px: Coord) -> bool {
+    // With p = whole + frac, frac in [0, 1]:  p > -1  <=>  whole >= 0 or (whole = -1, frac > 0);
+    // p >= 0  <=>  whole >= 0;  p < size  <=>  whole < size.
+    let above_minus_one = |c: Coord| c.whole >= 0.0 || (c.whole == -1.0 && c.frac > 0.0);
+    let below = |c: Coord, size: usize| c.whole < size as f64;
     match conv {
-        Convention::Torchvision | Convention::Mmcv => py > -1.0 && py < h && px > -1.0 && px < w,
-        Convention::DcnV1 => py >= 0.0 && py < h && px >= 0.0 && px < w,
+        Convention::Torchvision | Convention::Mmcv => {
+            above_minus_one(py) && above_minus_one(px) && below(py, h) && below(px, w)
+        }
+        Convention::DcnV1 => py.whole >= 0.0 && px.whole >= 0.0 && below(py, h) && below(px, w),
     }
 }
 
@@ -118,13 +161,12 @@ struct Cell {
 /// - torchvision, mmcv: `y0 = floor(py)`, `y1 = y0 + 1`, `ly = py - y0` (likewise x);
 /// - DCN v1: the same, except that when `floor(py) >= H - 1` the corners collapse onto the
 ///   last row, `y0 = y1 = H - 1`, and `ly = 0` (likewise x with `W`).
-fn cell(conv: Convention, h: usize, w: usize, py: f64, px: f64) -> Cell {
-    let axis = |p: f64, size: usize| {
-        let p0 = p.floor();
+fn cell(conv: Convention, h: usize, w: usize, py: Coord, px: Coord) -> Cell {
+    let axis = |p: Coord, size: usize| {
         let last = size as f64 - 1.0;
         match conv {
-            Convention::DcnV1 if p0 >= last => (last, last, 0.0),
-            _ => (p0, p0 + 1.0, p - p0),
+            Convention::DcnV1 if p.whole >= last => (last, last, 0.0),
+            _ => (p.whole, p.whole + 1.0, p.frac),
         }
     };
     let (y0, y1, ly) = axis(py, h);
@@ -145,8 +187,8 @@ pub(crate) fn corners(
     conv: Convention,
     h: usize,
     w: usize,
-    py: f64,
-    px: f64,
+    py: Coord,
+    px: Coord,
 ) -> Option<[(f64, f64, f64); 4]> {
     if !counts(conv, h, w, py, px) {
         return None;
@@ -174,8 +216,8 @@ pub(crate) fn bilinear<T: Float>(
     input: &ArrayView4<'_, T>,
     n: usize,
     c: usize,
-    py: f64,
-    px: f64,
+    py: Coord,
+    px: Coord,
 ) -> f64 {
     if py.is_nan() || px.is_nan() {
         return f64::NAN;
@@ -206,8 +248,8 @@ pub(crate) fn coordinate_weights<T: Float>(
     input: &ArrayView4<'_, T>,
     n: usize,
     c: usize,
-    py: f64,
-    px: f64,
+    py: Coord,
+    px: Coord,
 ) -> (f64, f64) {
     if py.is_nan() || px.is_nan() {
         return (f64::NAN, f64::NAN);
@@ -334,8 +376,9 @@ pub fn conv2d<T: Float>(
             let c = group * g.c_in_per_group() + ci;
             for i in 0..g.kh {
                 for j in 0..g.kw {
-                    let r = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64;
-                    let s = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64;
+                    // Exact in i128; past 2^53 the f64 rounding stays far outside the image.
+                    let r = tap_base(y, g.stride_h, g.pad_top, i, g.dil_h) as f64;
+                    let s = tap_base(x, g.stride_w, g.pad_left, j, g.dil_w) as f64;
                     acc += weight[[o, ci, i, j]].to_f64() * pixel(&input, n, c, r, s);
                 }
             }

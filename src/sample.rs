@@ -622,15 +622,19 @@ mod tests {
             for &py in &border_positions(h) {
                 for &px in &border_positions(w) {
                     let (dy, dx) = (py - by as f64, px - bx as f64);
+                    let (ry, rx) = (
+                        reference::Coord::new(by as i128, dy),
+                        reference::Coord::new(bx as i128, dx),
+                    );
                     let at = format!("{conv:?} at ({py}, {px})");
                     match (
                         locate_in(conv, by, dy, bx, dx, h, w),
-                        reference::corners(conv, h, w, py, px),
+                        reference::corners(conv, h, w, ry, rx),
                     ) {
                         (Sample::Outside, None) => {}
                         (Sample::Inside(c), Some(cs)) => {
                             inside_seen[ci] += 1;
-                            let b = reference::bilinear(conv, &input.view(), 0, 0, py, px);
+                            let b = reference::bilinear(conv, &input.view(), 0, 0, ry, rx);
                             assert!(close(c.interpolate(&plane), b), "{at}: value");
                             // The input-gradient footprint: weights summed per pixel.
                             let (mut fast, mut slow) = (vec![0.0; h * w], vec![0.0; h * w]);
@@ -651,10 +655,10 @@ mod tests {
                         (got, want) => panic!("{at}: located {got:?}, reference {want:?}"),
                     }
                     let (wy, wx) = coordinate_weights_in(conv, by, dy, bx, dx, &plane, h, w);
-                    let (ry, rx) = reference::coordinate_weights(conv, &input.view(), 0, 0, py, px);
+                    let (gy, gx) = reference::coordinate_weights(conv, &input.view(), 0, 0, ry, rx);
                     assert!(
-                        close(wy, ry) && close(wx, rx),
-                        "{at}: ({wy}, {wx}) vs ({ry}, {rx})"
+                        close(wy, gy) && close(wx, gx),
+                        "{at}: ({wy}, {wx}) vs ({gy}, {gx})"
                     );
                 }
             }

@@ -63,15 +63,10 @@ impl Layout {
     fn step1(&self) -> isize {
         self.step[3]
     }
-    /// The step of a bias operand that goes with this layout. Not -1: the fast forward
-    /// currently returns `Err(Param { name: "layout", .. })` ("internal: a standard-layout copy
-    /// was not contiguous") for a bias view with stride -1 (its `to_owned` copy keeps the
-    /// negative stride); reported, to be fixed in `src/forward.rs`, then this goes.
+    /// The step of a bias operand that goes with this layout (-1 included: a reversed bias
+    /// view once failed, see tests/regressions.rs).
     fn bias_step(&self) -> isize {
-        match self.step[3] {
-            -1 => -2,
-            s => s,
-        }
+        self.step[3]
     }
 }
 
