@@ -42,7 +42,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::float::Float;
-use crate::geometry::Geometry;
+use crate::geometry::{try_zeros, Geometry};
 use crate::params::ConvParams;
 
 use driver::{ImageOut, Needs, Operands, Stats};
@@ -204,15 +204,17 @@ impl<'a, T: Float> Problem<'a, T> {
     }
 
     /// Allocates the wanted gradients and computes them.
-    fn solve(&self, want: Want) -> Grads<T> {
+    fn solve(&self, want: Want) -> Result<Grads<T>> {
         let g = &self.g;
         let dense = self.offset.is_none();
-        let mk = |on: bool, shape: [usize; 4]| on.then(|| Array4::<T>::from_elem(shape, T::ZERO));
+        let mk = |on: bool, what: &str, shape: [usize; 4]| -> Result<Option<Array4<T>>> {
+            on.then(|| try_zeros(what, shape, T::ZERO)).transpose()
+        };
         let mut grads = Grads {
-            input: mk(want.input, g.input_shape()),
-            offset: mk(want.offset && !dense, g.offset_shape()),
-            mask: mk(want.mask && !dense, g.mask_shape()),
-            weight: mk(want.weight, g.weight_shape()),
+            input: mk(want.input, "grad_input", g.input_shape())?,
+            offset: mk(want.offset && !dense, "grad_offset", g.offset_shape())?,
+            mask: mk(want.mask && !dense, "grad_mask", g.mask_shape())?,
+            weight: mk(want.weight, "grad_weight", g.weight_shape())?,
             bias: want.bias.then(|| Array1::<T>::from_elem(g.c_out, T::ZERO)),
         };
         let out = GradsMut {
@@ -223,7 +225,7 @@ impl<'a, T: Float> Problem<'a, T> {
             bias: grads.bias.as_mut().map(|a| a.view_mut()),
         };
         self.solve_into(out);
-        grads
+        Ok(grads)
     }
 
     /// Checks the shapes of caller-provided outputs, then computes them.
@@ -385,7 +387,7 @@ pub fn deform_conv2d_backward<T: Float>(
         Some(weight),
         params,
     )?;
-    Ok(p.solve(want))
+    p.solve(want)
 }
 
 /// [`deform_conv2d_backward`] into caller-provided outputs: the gradients whose view is `Some`.
@@ -434,7 +436,7 @@ pub fn deform_conv2d_grad_input<T: Float>(
         Some(weight),
         params,
     )?;
-    Ok(p.solve(Want::NONE.input()).input.unwrap_or_default())
+    Ok(p.solve(Want::NONE.input())?.input.unwrap_or_default())
 }
 
 /// [`deform_conv2d_grad_input`] into `out` (`[N, C_in, H, W]`, any strides).
@@ -486,7 +488,7 @@ pub fn deform_conv2d_grad_offset<T: Float>(
         Some(weight),
         params,
     )?;
-    Ok(p.solve(Want::NONE.offset()).offset.unwrap_or_default())
+    Ok(p.solve(Want::NONE.offset())?.offset.unwrap_or_default())
 }
 
 /// [`deform_conv2d_grad_offset`] into `out` (`[N, 2 G_off K, H_out, W_out]`, any strides).
@@ -537,7 +539,7 @@ pub fn deform_conv2d_grad_mask<T: Float>(
         Some(weight),
         params,
     )?;
-    Ok(p.solve(Want::NONE.mask()).mask.unwrap_or_default())
+    Ok(p.solve(Want::NONE.mask())?.mask.unwrap_or_default())
 }
 
 /// [`deform_conv2d_grad_mask`] into `out` (`[N, G_off K, H_out, W_out]`, any strides).
@@ -588,7 +590,7 @@ pub fn deform_conv2d_grad_weight<T: Float>(
         None,
         params,
     )?;
-    Ok(p.solve(Want::NONE.weight()).weight.unwrap_or_default())
+    Ok(p.solve(Want::NONE.weight())?.weight.unwrap_or_default())
 }
 
 /// [`deform_conv2d_grad_weight`] into `out` (`[C_out, C_in / groups, kh, kw]`, any strides).
@@ -671,7 +673,7 @@ pub fn conv2d_backward<T: Float>(
         Some(weight),
         params,
     )?;
-    Ok(p.solve(want))
+    p.solve(want)
 }
 
 /// [`conv2d_backward`] into caller-provided outputs (`offset` and `mask` must be `None`).
@@ -715,7 +717,7 @@ pub fn conv2d_grad_input<T: Float>(
         Some(weight),
         params,
     )?;
-    Ok(p.solve(Want::NONE.input()).input.unwrap_or_default())
+    Ok(p.solve(Want::NONE.input())?.input.unwrap_or_default())
 }
 
 /// [`conv2d_grad_input`] into `out` (`[N, C_in, H, W]`, any strides).
@@ -753,7 +755,7 @@ pub fn conv2d_grad_weight<T: Float>(
         None,
         params,
     )?;
-    Ok(p.solve(Want::NONE.weight()).weight.unwrap_or_default())
+    Ok(p.solve(Want::NONE.weight())?.weight.unwrap_or_default())
 }
 
 /// [`conv2d_grad_weight`] into `out` (`[C_out, C_in / groups, kh, kw]`, any strides).
@@ -821,8 +823,8 @@ mod tests {
             &params,
         )
         .unwrap();
-        let grads = p.solve(want);
-        let mut g2 = p.solve(want);
+        let grads = p.solve(want).unwrap();
+        let mut g2 = p.solve(want).unwrap();
         let out = GradsMut {
             input: g2.input.as_mut().map(|a| a.view_mut()),
             offset: g2.offset.as_mut().map(|a| a.view_mut()),

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 use crate::convention::Convention;
 use crate::error::{Error, Result};
 use crate::float::Float;
-use crate::geometry::{checked_elements, Geometry};
+use crate::geometry::{checked_elements, try_zeros, Geometry};
 use crate::kernels::gather::SampleTable;
 use crate::kernels::{fill_columns, gemm, Source};
 use crate::params::ConvParams;
@@ -139,7 +139,7 @@ fn run<T: Float>(
         return Ok(());
     }
     if !out.is_standard_layout() {
-        let mut tmp = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
+        let mut tmp = try_zeros("output", geo.out_shape(), T::ZERO)?;
         run(
             geo,
             convention,
@@ -262,7 +262,7 @@ pub fn deform_conv2d<T: Float>(
         params,
     )?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
-    let mut out = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
+    let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
     run(
         &geo,
         params.convention,
@@ -326,7 +326,7 @@ pub fn conv2d<T: Float>(
 ) -> Result<Array4<T>> {
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
-    let mut out = Array4::<T>::from_elem(geo.out_shape(), T::ZERO);
+    let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
     run(
         &geo,
         params.convention,

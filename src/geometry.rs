@@ -412,3 +412,22 @@ fn out_extent(
     }
     Ok((padded - span) / stride + 1)
 }
+
+/// A zero-filled tensor of `shape`, or `Err(TooLarge)` if the memory cannot be had: shapes
+/// that pass validation can still be absurd (an empty batch with a `2^40`-channel weight
+/// gradient), and an allocation failure must not abort the caller's process.
+pub(crate) fn try_zeros<T: Clone>(
+    what: &str,
+    shape: [usize; 4],
+    zero: T,
+) -> Result<ndarray::Array4<T>> {
+    let len = checked_elements(what, &shape, std::mem::size_of::<T>())?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(len).map_err(|_| Error::TooLarge {
+        what: format!("{what} of shape {shape:?}: the allocation failed"),
+    })?;
+    data.resize(len, zero);
+    ndarray::Array4::from_shape_vec(shape, data).map_err(|e| Error::TooLarge {
+        what: format!("{what} of shape {shape:?}: {e}"),
+    })
+}

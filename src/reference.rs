@@ -33,7 +33,7 @@ use ndarray::{Array1, Array4, ArrayView1, ArrayView4};
 use crate::convention::Convention;
 use crate::error::Result;
 use crate::float::Float;
-use crate::geometry::Geometry;
+use crate::geometry::{try_zeros, Geometry};
 use crate::params::ConvParams;
 
 fn dims(shape: &[usize]) -> [usize; 4] {
@@ -331,7 +331,7 @@ pub fn deform_conv2d<T: Float>(
     if let Some(b) = &bias {
         g.check_bias(b.len())?;
     }
-    let mut out = Array4::<f64>::zeros(g.out_shape());
+    let mut out = try_zeros("output", g.out_shape(), 0.0)?;
     for ((n, o, y, x), slot) in out.indexed_iter_mut() {
         let group = o / g.c_out_per_group();
         let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
@@ -368,7 +368,7 @@ pub fn conv2d<T: Float>(
     if let Some(b) = &bias {
         g.check_bias(b.len())?;
     }
-    let mut out = Array4::<f64>::zeros(g.out_shape());
+    let mut out = try_zeros("output", g.out_shape(), 0.0)?;
     for ((n, o, y, x), slot) in out.indexed_iter_mut() {
         let group = o / g.c_out_per_group();
         let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
@@ -415,7 +415,7 @@ pub fn grad_input<T: Float>(
         params,
     )?;
     g.check_out("grad_out", grad_out.shape())?;
-    let mut grad = Array4::<f64>::zeros(input_shape);
+    let mut grad = try_zeros("grad_input", input_shape, 0.0)?;
     for n in 0..g.n {
         for c in 0..g.c_in {
             let og = c / g.c_per_offset_group();
@@ -470,7 +470,7 @@ pub fn grad_offset<T: Float>(
         params,
     )?;
     g.check_out("grad_out", grad_out.shape())?;
-    let mut grad = Array4::<f64>::zeros(g.offset_shape());
+    let mut grad = try_zeros("grad_offset", g.offset_shape(), 0.0)?;
     for n in 0..g.n {
         for og in 0..g.offset_groups {
             for i in 0..g.kh {
@@ -523,7 +523,7 @@ pub fn grad_mask<T: Float>(
         params,
     )?;
     g.check_out("grad_out", grad_out.shape())?;
-    let mut grad = Array4::<f64>::zeros(g.mask_shape());
+    let mut grad = try_zeros("grad_mask", g.mask_shape(), 0.0)?;
     for ((n, ch, y, x), slot) in grad.indexed_iter_mut() {
         let (og, k) = (ch / g.taps(), ch % g.taps());
         let (i, j) = (k / g.kw, k % g.kw);
@@ -560,7 +560,7 @@ pub fn grad_weight<T: Float>(
         params,
     )?;
     g.check_out("grad_out", grad_out.shape())?;
-    let mut grad = Array4::<f64>::zeros(weight_shape);
+    let mut grad = try_zeros("grad_weight", weight_shape, 0.0)?;
     for ((o, ci, i, j), slot) in grad.indexed_iter_mut() {
         let c = (o / g.c_out_per_group()) * g.c_in_per_group() + ci;
         let og = c / g.c_per_offset_group();

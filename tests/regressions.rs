@@ -73,3 +73,34 @@ fn offset_one_ulp_below_an_integer_keeps_its_corners() {
     assert_eq!(r[[0, 0, 2, 0]], 5.0);
     assert_eq!(f[[0, 0, 2, 0]], 5.0);
 }
+
+/// An empty batch with an absurd (but `isize`-addressable) weight gradient passed validation
+/// and then aborted the process in the allocator; it is now an `Err(TooLarge)`.
+#[test]
+fn absurd_weight_gradient_of_an_empty_batch_is_an_error_not_an_abort() {
+    // The allocation is refused only where the kernel does not overcommit without limit.
+    let heuristic = std::fs::read_to_string("/proc/sys/vm/overcommit_memory")
+        .map(|s| s.trim() != "1")
+        .unwrap_or(false);
+    if !heuristic {
+        eprintln!("overcommit_memory = 1: an 8 TiB allocation would be granted; not attempted");
+        return;
+    }
+    let c_out = 1usize << 40;
+    let input = Array4::<f64>::zeros((0, 1, 5, 5));
+    let offset = Array4::<f64>::zeros((0, 18, 3, 3));
+    let grad_out = Array4::<f64>::zeros((0, c_out, 3, 3));
+    let shape = [c_out, 1, 3, 3];
+    let p = ConvParams::default();
+    let (gv, iv, ov) = (grad_out.view(), input.view(), offset.view());
+    let fast = deformconv::deform_conv2d_grad_weight(gv, iv, ov, None, shape, &p);
+    assert!(
+        matches!(fast, Err(deformconv::Error::TooLarge { .. })),
+        "{fast:?}"
+    );
+    let exact = reference::grad_weight(gv, iv, ov, None, shape, &p);
+    assert!(
+        matches!(exact, Err(deformconv::Error::TooLarge { .. })),
+        "{exact:?}"
+    );
+}
