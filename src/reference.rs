@@ -61,20 +61,28 @@ fn deform_geometry<T: Float>(
 /// `frac = offset - floor(offset)` in `[0, 1]`. Forming `base + offset` in floating point would
 /// round (e.g. `2 + (1 - 2^-53)` becomes `3`, which moves the corners); the split does not.
 /// A NaN offset gives a NaN `whole`; an infinite one an infinite `whole` with `frac = 0`.
+/// `comp = (floor(offset) + 1) - offset` is `1 - frac` computed without cancellation (for an
+/// offset just below an integer, `frac` rounds to 1 but `comp` keeps its few ulps).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Coord {
     whole: f64,
     frac: f64,
+    comp: f64,
 }
 
 impl Coord {
     /// The coordinate `base + d`.
     pub(crate) fn new(base: i128, d: f64) -> Coord {
         let f = d.floor();
-        let frac = if d.is_infinite() { 0.0 } else { d - f };
+        let (frac, comp) = if d.is_infinite() {
+            (0.0, 1.0)
+        } else {
+            (d - f, (f + 1.0) - d)
+        };
         Coord {
             whole: base as f64 + f,
             frac,
+            comp,
         }
     }
 
@@ -154,6 +162,9 @@ struct Cell {
     x1: f64,
     ly: f64,
     lx: f64,
+    /// `1 - ly`, `1 - lx` (see [`Coord`]).
+    hy: f64,
+    hx: f64,
 }
 
 /// The cell of a sample:
@@ -165,12 +176,12 @@ fn cell(conv: Convention, h: usize, w: usize, py: Coord, px: Coord) -> Cell {
     let axis = |p: Coord, size: usize| {
         let last = size as f64 - 1.0;
         match conv {
-            Convention::DcnV1 if p.whole >= last => (last, last, 0.0),
-            _ => (p.whole, p.whole + 1.0, p.frac),
+            Convention::DcnV1 if p.whole >= last => (last, last, 0.0, 1.0),
+            _ => (p.whole, p.whole + 1.0, p.frac, p.comp),
         }
     };
-    let (y0, y1, ly) = axis(py, h);
-    let (x0, x1, lx) = axis(px, w);
+    let (y0, y1, ly, hy) = axis(py, h);
+    let (x0, x1, lx, hx) = axis(px, w);
     Cell {
         y0,
         y1,
@@ -178,6 +189,8 @@ fn cell(conv: Convention, h: usize, w: usize, py: Coord, px: Coord) -> Cell {
         x1,
         ly,
         lx,
+        hy,
+        hx,
     }
 }
 
@@ -200,11 +213,14 @@ pub(crate) fn corners(
         x1,
         ly,
         lx,
+        hy,
+        hx,
     } = cell(conv, h, w, py, px);
+    // (1 - ly)(1 - lx), (1 - ly) lx, ly (1 - lx), ly lx.
     Some([
-        (y0, x0, (1.0 - ly) * (1.0 - lx)),
-        (y0, x1, (1.0 - ly) * lx),
-        (y1, x0, ly * (1.0 - lx)),
+        (y0, x0, hy * hx),
+        (y0, x1, hy * lx),
+        (y1, x0, ly * hx),
         (y1, x1, ly * lx),
     ])
 }
@@ -269,12 +285,15 @@ pub(crate) fn coordinate_weights<T: Float>(
         x1,
         ly,
         lx,
+        hy,
+        hx,
     } = cell(conv, h, w, py, px);
     let v = |r: f64, s: f64| pixel(input, n, c, r, s);
     let (v00, v01) = (v(y0, x0), v(y0, x1));
     let (v10, v11) = (v(y1, x0), v(y1, x1));
-    let wy = lx * (v11 - v01) + (1.0 - lx) * (v10 - v00);
-    let wx = ly * (v11 - v10) + (1.0 - ly) * (v01 - v00);
+    // hx = 1 - lx, hy = 1 - ly.
+    let wy = lx * (v11 - v01) + hx * (v10 - v00);
+    let wx = ly * (v11 - v10) + hy * (v01 - v00);
     (wy, wx)
 }
 
@@ -342,7 +361,8 @@ pub fn deform_conv2d<T: Float>(
                 for j in 0..g.kw {
                     let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
                     let b = bilinear(params.convention, &input, n, c, t.py, t.px);
-                    acc += weight[[o, ci, i, j]].to_f64() * t.m * b;
+                    // The column value m * B first, as the fast path and torchvision form it.
+                    acc += weight[[o, ci, i, j]].to_f64() * (t.m * b);
                 }
             }
         }
@@ -570,7 +590,7 @@ pub fn grad_weight<T: Float>(
                 for x in 0..g.w_out {
                     let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
                     let b = bilinear(params.convention, &input, n, c, t.py, t.px);
-                    acc += grad_out[[n, o, y, x]].to_f64() * t.m * b;
+                    acc += grad_out[[n, o, y, x]].to_f64() * (t.m * b);
                 }
             }
         }
