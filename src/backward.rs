@@ -12,7 +12,12 @@
 //! grad_bias[o]                  = sum_{n, y, x} G[n, o, y, x]
 //! ```
 //!
-//! `Wy`, `Wx` are torchvision's one-sided derivatives (forward difference at integer positions).
+//! `B`, `Wy`, `Wx` and which samples count follow `params.convention` ([`Convention`]): by default
+//! torchvision's (`Wy`, `Wx` the one-sided derivatives, forward difference at integer positions,
+//! no window cut-off); mmcv's cuts `Wy`, `Wx` off outside the window; DCN v1's has the window
+//! `0 <= p < size` and collapses the corners of the last row and column (the collapsed pixel
+//! receives the full weight in `grad_input`). The dense backward ignores the convention: it
+//! samples integer positions only, where all of them agree.
 //!
 //! **Determinism.** The work is split by a partition that depends only on the shapes (see
 //! `driver`): every output element has one owner task, sums over channels run in ascending
@@ -40,6 +45,7 @@ use std::borrow::Cow;
 use ndarray::{Array1, Array4, ArrayView4, ArrayViewMut1, ArrayViewMut3, ArrayViewMut4, Axis};
 use rayon::prelude::*;
 
+use crate::convention::Convention;
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::{try_zeros, Geometry};
@@ -164,11 +170,14 @@ struct Problem<'a, T> {
     offset: Option<ArrayView4<'a, T>>,
     mask: Option<ArrayView4<'a, T>>,
     weight: Option<ArrayView4<'a, T>>,
+    /// The sampling convention (torchvision for a dense problem).
+    convention: Convention,
 }
 
 impl<'a, T: Float> Problem<'a, T> {
     /// Validates a deformable problem (`offset` present) or a dense one (`offset` absent, offset
-    /// groups forced to 1).
+    /// groups forced to 1, convention forced to torchvision: a dense convolution samples integer
+    /// positions only, where every convention reads the same pixel or nothing).
     #[allow(clippy::too_many_arguments)]
     fn new(
         grad_out: ArrayView4<'a, T>,
@@ -183,7 +192,7 @@ impl<'a, T: Float> Problem<'a, T> {
         let params = if offset.is_some() {
             *params
         } else {
-            params.offset_groups(1)
+            params.offset_groups(1).convention(Convention::Torchvision)
         };
         let g = Geometry::new(input_shape, weight_shape, &params)?;
         if let Some(o) = &offset {
@@ -200,6 +209,7 @@ impl<'a, T: Float> Problem<'a, T> {
             offset,
             mask,
             weight,
+            convention: params.convention,
         })
     }
 
@@ -288,6 +298,7 @@ impl<'a, T: Float> Problem<'a, T> {
             offset: offset.as_deref(),
             mask: mask.as_deref(),
             weight: weight.as_deref(),
+            convention: self.convention,
         };
         let k = g.taps();
         let mut inputs = split_per_image_group(g.n, out.input, g.c_per_offset_group());
@@ -467,8 +478,8 @@ pub fn deform_conv2d_grad_input_into<T: Float>(
 }
 
 /// `grad_offset[n, 2(gK+k), y, x] = sum_{c in g} gcol * m * Wy` and `[.., 2(gK+k)+1, ..]` with
-/// `Wx`: torchvision's one-sided bilinear derivatives (no window cut-off; corners outside the
-/// image read 0).
+/// `Wx`: the bilinear derivatives of `params.convention` (by default torchvision's one-sided
+/// ones, no window cut-off, corners outside the image reading 0; see [`Convention`]).
 pub fn deform_conv2d_grad_offset<T: Float>(
     grad_out: ArrayView4<'_, T>,
     input: ArrayView4<'_, T>,

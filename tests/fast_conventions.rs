@@ -8,60 +8,11 @@ mod fwd_support;
 
 use common::assert_rel_close;
 use deformconv::{deform_conv2d, reference, ConvParams, Convention, Float};
-use fwd_support::{assert_f32_within_bound, cases, same_bits, to_f32, to_f32_1, Case, Lcg};
+use fwd_support::{
+    assert_f32_within_bound, border_offsets, cases, same_bits, to_f32, to_f32_1, Case,
+};
 use ndarray::{Array1, Array4};
 use proptest::prelude::*;
-
-/// A position along an axis of `size` pixels: a border special (on and around `-1`, `0`,
-/// `size - 1` and `size`), a whole number in `-1 ..= size`, or any fraction in
-/// `(-1.5, size + 0.5)`.
-fn border_position(r: &mut Lcg, size: usize) -> f64 {
-    let s = size as f64;
-    let special = [
-        -1.0,
-        -1.0 + 1e-3,
-        -0.5,
-        0.0,
-        s - 1.0,
-        s - 1.0 + 1e-3,
-        s - 1e-3,
-        s,
-        s + 0.5,
-    ];
-    let u = r.next_unit();
-    if u < 0.55 {
-        special[(r.next_unit() * special.len() as f64) as usize % special.len()]
-    } else if u < 0.85 {
-        (r.next_unit() * (s + 2.0)).floor() - 1.0
-    } else {
-        -1.5 + (s + 2.0) * r.next_unit()
-    }
-}
-
-/// Offsets that move every sample of `case` to a [`border_position`] on each axis, whatever
-/// its undeformed tap position, rounded to `f32` (so f32 and f64 runs see the same offsets).
-fn border_offsets(case: &Case, seed: u64) -> Array4<f64> {
-    let g = case.geometry();
-    let mut r = Lcg(seed ^ 0x0b0d_e75e_ed00_0001);
-    let mut offset = Array4::zeros(g.offset_shape());
-    for n in 0..g.n {
-        for ch in 0..g.offset_groups * g.taps() {
-            let k = ch % g.taps();
-            let (i, j) = (k / g.kw, k % g.kw);
-            for y in 0..g.h_out {
-                for x in 0..g.w_out {
-                    let by = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64;
-                    let bx = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64;
-                    let py = border_position(&mut r, g.h);
-                    let px = border_position(&mut r, g.w);
-                    offset[[n, 2 * ch, y, x]] = (py - by) as f32 as f64;
-                    offset[[n, 2 * ch + 1, y, x]] = (px - bx) as f32 as f64;
-                }
-            }
-        }
-    }
-    offset
-}
 
 /// The fast forward in `T` and the reference on the same (converted) operands.
 struct Run<T> {

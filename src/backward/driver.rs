@@ -33,7 +33,8 @@
 //!
 //! **Workspace** (elements of `T`, `t = min(threads, tasks)` tasks running at once, `P` =
 //! [`TILE_PIXELS`], `Cs` = channels of the largest segment, `I` = images per group (1 when
-//! `H_out W_out >= P`, else at most `P / (H_out W_out)`), `Pl = (H+2)(W+2)`):
+//! `H_out W_out >= P`, else at most `P / (H_out W_out)`), `Pl = (H+2)(W+2)`, `(H+2)(W+3)` for
+//! DCN v1's replicated planes):
 //! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~12 K P (taps)] + (R - 1) |weight|`
 //! (`+ |weight|` when the caller's `grad_weight` is not row-major); nothing grows with the batch
 //! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB.
@@ -43,11 +44,12 @@ use std::ops::Range;
 use ndarray::{ArrayView4, ArrayViewMut3};
 use rayon::prelude::*;
 
+use crate::convention::Convention;
 use crate::float::Float;
 use crate::geometry::Geometry;
 use crate::kernels::col2im::{scatter, TileShape};
 use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant, TapColumns};
-use crate::kernels::taps::{PlaneLayout, Tap};
+use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
 
 /// Most output pixels in one tile (GEMM width). 512 rather than 256: the column-gradient GEMM
 /// repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward at 256 (1 thread;
@@ -196,7 +198,8 @@ impl Plan {
             .map(|s| s.c_hi - s.c_lo)
             .max()
             .unwrap_or(0);
-        let pl = PlaneLayout { h: g.h, w: g.w }.len();
+        // The replicated layout (DCN v1) is the larger one.
+        let pl = PlaneLayout::replicated(g.h, g.w).len();
         let planes = self.max_images * cpo * pl;
         let mut per_task = k * p * tap_elems + g.c_out_per_group() * p + 3 * k * p;
         if want.input_planes() {
@@ -314,6 +317,8 @@ pub(crate) struct Operands<'a, T> {
     pub mask: Option<&'a [T]>,
     /// Weight `[C_out, C_in/groups * K]` row-major; required when `gcol()`.
     pub weight: Option<&'a [T]>,
+    /// The sampling convention of the table (torchvision for the dense convolution).
+    pub convention: Convention,
 }
 
 /// Per-(image, offset group) output views: `[C_in/G_off, H, W]`, `[2K, H_out, W_out]`,
@@ -448,7 +453,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             needs,
             og,
             segs: segments(g, og),
-            layout: PlaneLayout { h: g.h, w: g.w },
+            layout: PlaneLayout::for_convention(ops.convention, g.h, g.w),
             stats: Stats::default(),
         }
     }
@@ -598,7 +603,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     }
 
     /// Copies the offset group's input planes of the group's images into the padded buffer
-    /// (borders stay zero).
+    /// (zero borders stay zero; a replicated layout's border is rewritten from the new rows).
     #[inline(never)]
     fn load_input(&mut self, group: &ImageGroup, planes: &mut [T]) {
         let Some(input) = &self.ops.input else {
@@ -617,22 +622,43 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         *d = s;
                     }
                 }
+                l.replicate_border(plane);
                 self.stats.input_copies += 1;
             }
         }
     }
 
-    /// The sampling table `[k][tile column]` of the tile.
+    /// The sampling table `[k][tile column]` of the tile, under the problem's convention.
     #[inline(never)]
     fn build_taps(&self, group: &ImageGroup, tile: &[Piece], width: usize, taps: &mut Vec<Tap<T>>) {
+        // One monomorphised build per convention: torchvision's is the code it always was.
+        match self.ops.convention {
+            Convention::Torchvision => {
+                self.build_taps_for::<TorchvisionRule>(group, tile, width, taps)
+            }
+            Convention::Mmcv => self.build_taps_for::<MmcvRule>(group, tile, width, taps),
+            Convention::DcnV1 => self.build_taps_for::<DcnV1Rule>(group, tile, width, taps),
+        }
+    }
+
+    #[inline(always)]
+    fn build_taps_for<R: Rule>(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
         use crate::kernels::lanes::{isa, Isa};
         // Compiled for the best instruction set, `floor` becomes one instruction instead of a
         // library call (W1: the table build was a quarter of the backward).
         match isa() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
-            Isa::Avx2 | Isa::Avx512 => unsafe { self.build_taps_avx2(group, tile, width, taps) },
-            _ => self.build_taps_body(group, tile, width, taps),
+            Isa::Avx2 | Isa::Avx512 => unsafe {
+                self.build_taps_avx2::<R>(group, tile, width, taps)
+            },
+            _ => self.build_taps_body::<R>(group, tile, width, taps),
         }
     }
 
@@ -640,18 +666,18 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     /// The CPU must support AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn build_taps_avx2(
+    unsafe fn build_taps_avx2<R: Rule>(
         &self,
         group: &ImageGroup,
         tile: &[Piece],
         width: usize,
         taps: &mut Vec<Tap<T>>,
     ) {
-        self.build_taps_body(group, tile, width, taps)
+        self.build_taps_body::<R>(group, tile, width, taps)
     }
 
     #[inline(always)]
-    fn build_taps_body(
+    fn build_taps_body<R: Rule>(
         &self,
         group: &ImageGroup,
         tile: &[Piece],
@@ -683,7 +709,13 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         None => (T::ZERO, T::ZERO),
                     };
                     let m = self.ops.mask.map_or(T::ONE, |m| m[(n * mc + ch) * hw + p]);
-                    taps.push(Tap::new(self.layout, plane0, (by, dy), (bx, dx), m));
+                    taps.push(Tap::with_rule::<R>(
+                        self.layout,
+                        plane0,
+                        (by, dy),
+                        (bx, dx),
+                        m,
+                    ));
                 }
             }
         }

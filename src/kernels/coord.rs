@@ -301,15 +301,17 @@ fn corners<T: Float>(plane: &[T], b: usize, pitch: usize) -> [T; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::taps::PlaneLayout;
+    use crate::convention::Convention;
+    use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, TorchvisionRule};
     use crate::sample;
 
-    /// The padded-plane evaluation equals `sample::coordinate_weights` bit for bit, including
-    /// integer positions on the border, outside positions and NaN.
-    #[test]
-    fn coordinate_weights_match_the_sampling_rule() {
+    /// Under rule `R`, the padded-plane evaluation equals `sample::coordinate_weights_in` bit
+    /// for bit, and the bilinear value `sample::locate_in`'s, including integer positions on
+    /// the border, outside positions and NaN.
+    fn coordinate_weights_match_for<R: Rule>() {
+        let conv = R::CONVENTION;
         let (h, w) = (3usize, 4usize);
-        let l = PlaneLayout { h, w };
+        let l = PlaneLayout::for_convention(conv, h, w);
         let image: Vec<f64> = (0..h * w).map(|i| ((i * 7919) % 13) as f64 - 6.5).collect();
         let mut padded = vec![0.0; l.len()];
         for r in 0..h {
@@ -317,21 +319,22 @@ mod tests {
                 padded[l.index(r as isize, s as isize)] = image[r * w + s];
             }
         }
+        l.replicate_border(&mut padded);
         let offsets = [
-            -2.5, -1.5, -1.0, -0.999, -0.5, 0.0, 0.25, 1.0, 2.0, 2.999, 3.0, 3.5, 4.0, 9.0,
+            -2.5, -1.5, -1.0, -0.999, -0.5, 0.0, 0.25, 1.0, 2.0, 2.5, 2.999, 3.0, 3.5, 4.0, 9.0,
         ];
         for &dy in &offsets {
-            for &dx in offsets.iter().chain([f64::NAN, f64::INFINITY].iter()) {
-                let t = Tap::new(l, 0, (0, dy), (0, dx), 1.0);
+            for &dx in offsets.iter().chain([f64::NAN, f64::INFINITY, 1e30].iter()) {
+                let t = Tap::with_rule::<R>(l, 0, (0, dy), (0, dx), 1.0);
                 let cell = &padded[t.gather..];
                 let v = [cell[0], cell[1], cell[l.pitch()], cell[l.pitch() + 1]];
                 let got = coordinate_weights(t.ly, t.lx, v);
-                let want = sample::coordinate_weights(0, dy, 0, dx, &image, h, w);
+                let want = sample::coordinate_weights_in(conv, 0, dy, 0, dx, &image, h, w);
                 let same =
                     |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
                 assert!(
                     same(got.0, want.0) && same(got.1, want.1),
-                    "({dy}, {dx}): {got:?} vs {want:?}"
+                    "{conv:?} ({dy}, {dx}): {got:?} vs {want:?}"
                 );
                 let bil = if t.inside {
                     t.weights[0] * v[0]
@@ -341,13 +344,24 @@ mod tests {
                 } else {
                     0.0
                 };
-                let want_b = match sample::locate(0, dy, 0, dx, h, w) {
+                let want_b = match sample::locate_in(conv, 0, dy, 0, dx, h, w) {
                     sample::Sample::Inside(c) => c.interpolate(&image),
                     sample::Sample::Outside => 0.0,
                     sample::Sample::Nan => f64::NAN,
                 };
-                assert!(same(bil, want_b), "B({dy}, {dx}): {bil} vs {want_b}");
+                assert!(
+                    same(bil, want_b),
+                    "{conv:?} B({dy}, {dx}): {bil} vs {want_b}"
+                );
             }
         }
+    }
+
+    #[test]
+    fn coordinate_weights_match_the_sampling_rule() {
+        coordinate_weights_match_for::<TorchvisionRule>();
+        coordinate_weights_match_for::<MmcvRule>();
+        coordinate_weights_match_for::<DcnV1Rule>();
+        assert_eq!(DcnV1Rule::CONVENTION, Convention::DcnV1);
     }
 }

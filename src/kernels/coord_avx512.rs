@@ -220,7 +220,7 @@ mod tests {
             eprintln!("no AVX-512 on this CPU: the scalar loop is the only one in use");
             return;
         }
-        let layout = PlaneLayout { h: 5, w: 7 };
+        let layout = PlaneLayout::zero_bordered(5, 7);
         let (k_taps, tile, channels, images) = (3usize, 37usize, 6usize, 2usize);
         let stride = images * layout.len();
         let mut state = 12345u64;

@@ -1,18 +1,29 @@
 //! The sampling table of one pixel tile for the backward kernels, built once per (offset group,
 //! tap, pixel) with [`crate::sample`] and reused for every channel of the offset group, and the
-//! zero-bordered plane layout that lets the kernels read and write the four corners of any
-//! sample without a branch.
+//! bordered plane layout that lets the kernels read and write the four corners of any sample
+//! without a branch.
 //!
-//! A *padded plane* holds an `H x W` plane with one extra row and column of zeros on every side:
-//! pixel `(r, s)`, `-1 <= r <= H`, `-1 <= s <= W`, lives at `(r + 1) * (W + 2) + (s + 1)`.
-//! Every sample whose floor corner `(y0, x0)` lies in `[-1, H-1] x [-1, W-1]` (all samples inside
-//! torchvision's window, and all outside ones with at least one corner in the image) has its four
-//! corners at `base, base + 1, base + W + 2, base + W + 3`, with the corners outside the image
-//! landing on the border. [`PlaneLayout::zero_base`] is a base whose four cells are all border:
-//! reading there gives zeros, and a scatter there is discarded (the border is never copied out).
+//! A *padded plane* holds an `H x W` plane with extra border cells: pixel `(r, s)`,
+//! `-1 <= r <= H`, `-1 <= s <= W + 1`, lives at `(r + 1) * pitch + (s + 1)`. The *zero-bordered*
+//! layout (torchvision, mmcv) has `pitch = W + 2` and zeros in row `-1`, row `H`, column `-1`
+//! and column `W`; the *replicated* layout (DCN v1) has `pitch = W + 3`, column `W` a copy of
+//! column `W - 1` and row `H` a copy of row `H - 1` (its `(H, W)` cell is `v(H-1, W-1)`), with
+//! zeros in row `-1`, column `-1` and column `W + 1`. Either way a sample whose floor corner
+//! `(y0, x0)` lies in `[-1, H-1] x [-1, W-1]` has its four corners at `base, base + 1,
+//! base + pitch, base + pitch + 1`. In the zero-bordered layout the corners outside the image
+//! land on zeros (torchvision's rule); in the replicated one, a DCN v1 sample on the last row
+//! reads row `H - 1` twice and, with its fraction set to 0, gets DCN v1's collapsed corners
+//! (the duplicate's weight is 0, and `v(H-1, .) - v(H, .)` is exactly 0 in `Wy`). A scatter
+//! into a border cell is discarded (the border is never copied out), so the real pixel keeps
+//! exactly its collapsed-corner weight. [`PlaneLayout::zero_base`] is a base whose four cells
+//! are zero border in both layouts: reading there gives zeros, a scatter there is discarded.
+//!
+//! The rule of the table is a type parameter ([`Rule`]), so each convention has its own
+//! monomorphised table build and the default one is the code it was before conventions.
 
+use crate::convention::Convention;
 use crate::float::Float;
-use crate::sample::{corners, locate, Sample};
+use crate::sample::{corners, locate, locate_in, Sample};
 
 /// Sizes of a padded plane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,39 +32,109 @@ pub(crate) struct PlaneLayout {
     pub h: usize,
     /// Image columns `W`.
     pub w: usize,
+    /// Row pitch: `W + 2` (zero-bordered) or `W + 3` (replicated).
+    pitch: usize,
 }
 
 impl PlaneLayout {
-    /// Row pitch `W + 2`.
+    /// The zero-bordered layout of an `h x w` plane (torchvision, mmcv).
+    #[inline]
+    pub fn zero_bordered(h: usize, w: usize) -> Self {
+        PlaneLayout { h, w, pitch: w + 2 }
+    }
+    /// The replicated layout of an `h x w` plane (DCN v1): see the module docs.
+    #[inline]
+    pub fn replicated(h: usize, w: usize) -> Self {
+        PlaneLayout { h, w, pitch: w + 3 }
+    }
+    /// The layout the table of `conv` reads.
+    #[inline]
+    pub fn for_convention(conv: Convention, h: usize, w: usize) -> Self {
+        match conv {
+            Convention::Torchvision | Convention::Mmcv => Self::zero_bordered(h, w),
+            Convention::DcnV1 => Self::replicated(h, w),
+        }
+    }
+    /// Whether row `H` and column `W` replicate the last row and column.
+    #[inline]
+    pub fn is_replicated(&self) -> bool {
+        self.pitch == self.w + 3
+    }
+    /// Row pitch, `W + 2` or `W + 3`.
     #[inline]
     pub fn pitch(&self) -> usize {
-        self.w + 2
+        self.pitch
     }
-    /// Cells per padded plane, `(H + 2) * (W + 2)`.
+    /// Cells per padded plane, `(H + 2) * pitch`; `3 * pitch` for an empty plane (`H = 0`, only
+    /// padding samples), so that the cells of [`PlaneLayout::zero_base`] exist.
     #[inline]
     pub fn len(&self) -> usize {
-        (self.h + 2) * (self.w + 2)
+        (self.h.max(1) + 2) * self.pitch
     }
-    /// Index of pixel `(r, s)`, `-1 <= r <= H`, `-1 <= s <= W`.
+    /// Index of pixel `(r, s)`, `-1 <= r <= H`, `-1 <= s <= pitch - 2`.
     #[inline]
     pub fn index(&self, r: isize, s: isize) -> usize {
-        debug_assert!(r >= -1 && r <= self.h as isize && s >= -1 && s <= self.w as isize);
-        (r + 1) as usize * self.pitch() + (s + 1) as usize
+        debug_assert!(r >= -1 && r <= self.h as isize && s >= -1 && s <= self.pitch as isize - 2);
+        (r + 1) as usize * self.pitch + (s + 1) as usize
     }
-    /// The cell `(-1, W)`: its corner cells `(-1, W)`, `(0, -1)`, `(0, W)`, `(1, -1)` (the last
-    /// two by wrapping past the row end) are all border. Needs `H >= 1`.
+    /// The last cell of row `-1`, `(-1, pitch - 2)`: its corner cells `(-1, pitch - 2)`,
+    /// `(0, -1)`, `(0, pitch - 2)`, `(1, -1)` (the last two by wrapping past the row end) are
+    /// all zero border in both layouts (for `H = 0` too, see [`PlaneLayout::len`]).
     #[inline]
     pub fn zero_base(&self) -> usize {
-        self.w + 1
+        self.pitch - 1
     }
+    /// Writes the replicated border of `plane` (one padded plane whose image cells are filled):
+    /// column `W` from column `W - 1` on rows `0..H`, then row `H` from row `H - 1` (columns
+    /// `0..=W`). Nothing for the zero-bordered layout or an empty plane.
+    pub fn replicate_border<T: Copy>(&self, plane: &mut [T]) {
+        if !self.is_replicated() || self.h == 0 || self.w == 0 {
+            return;
+        }
+        debug_assert_eq!(plane.len(), self.len());
+        let (h, w) = (self.h as isize, self.w as isize);
+        for r in 0..h {
+            plane[self.index(r, w)] = plane[self.index(r, w - 1)];
+        }
+        let (last, below) = (self.index(h - 1, 0), self.index(h, 0));
+        plane.copy_within(last..last + self.w + 1, below);
+    }
+}
+
+/// The border rule of a sampling table, as a type so that each convention's table build is
+/// its own monomorphised loop (a runtime closure stopped `floor` being inlined in the forward).
+pub(crate) trait Rule {
+    /// The convention this rule implements.
+    const CONVENTION: Convention;
+}
+
+/// [`Convention::Torchvision`]'s table: window `-1 < p < size`, coordinate gradient with no
+/// cut-off (outside samples with a corner in the image still read it), zero-bordered planes.
+pub(crate) struct TorchvisionRule;
+/// [`Convention::Mmcv`]'s table: torchvision's, except that a sample outside the window reads
+/// the zero cells (so its coordinate gradient is 0).
+pub(crate) struct MmcvRule;
+/// [`Convention::DcnV1`]'s table: window `0 <= p < size`, the fraction of an axis on the last
+/// row/column set to 0 (its complement to 1), replicated planes; outside samples read zeros.
+pub(crate) struct DcnV1Rule;
+
+impl Rule for TorchvisionRule {
+    const CONVENTION: Convention = Convention::Torchvision;
+}
+impl Rule for MmcvRule {
+    const CONVENTION: Convention = Convention::Mmcv;
+}
+impl Rule for DcnV1Rule {
+    const CONVENTION: Convention = Convention::DcnV1;
 }
 
 /// One (tap, pixel) of a tile: where its corners are and how it weighs them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tap<T> {
-    /// Base (top-left corner) for reading the input: the real corners whenever one of them is in
-    /// the image (also for samples outside the window, whose coordinate gradient still reads
-    /// them), else [`PlaneLayout::zero_base`]. Relative to the tile segment's first plane.
+    /// Base (top-left corner) for reading the input: the real corners for samples inside the
+    /// window, and under torchvision also for samples outside it with a corner in the image
+    /// (whose coordinate gradient still reads them); else [`PlaneLayout::zero_base`]. Relative
+    /// to the tile segment's first plane.
     pub gather: usize,
     /// Base for scattering into `grad_input`: equal to `gather` for samples inside the window,
     /// [`PlaneLayout::zero_base`] (discarded) for the others.
@@ -61,7 +142,8 @@ pub(crate) struct Tap<T> {
     /// Bilinear weights of the corners `(y0,x0), (y0,x1), (y1,x0), (y1,x1)`; NaN for a NaN
     /// offset, 0 outside the window.
     pub weights: [T; 4],
-    /// Row fraction `py - y0` (NaN for a NaN offset, 0 when no corner is in the image).
+    /// Row fraction `py - y0` (NaN for a NaN offset, 0 when the sample reads the zero cells,
+    /// 0 on DCN v1's last row).
     pub ly: T,
     /// Column fraction `px - x0` (likewise).
     pub lx: T,
@@ -72,8 +154,8 @@ pub(crate) struct Tap<T> {
 }
 
 impl<T: Float> Tap<T> {
-    /// The table entry of the sample at `(base_y + dy, base_x + dx)` with mask `m`, its bases
-    /// shifted by `plane0` (the first cell of the image's planes in the task's buffer).
+    /// The torchvision table entry ([`Tap::with_rule`] for [`TorchvisionRule`]).
+    #[cfg(test)]
     #[inline(always)]
     pub fn new(
         layout: PlaneLayout,
@@ -82,22 +164,46 @@ impl<T: Float> Tap<T> {
         (base_x, dx): (isize, T),
         m: T,
     ) -> Self {
-        if !Self::is_plain(dy, dx) {
-            return Self::by_rule(layout, plane0, (base_y, dy), (base_x, dx), m);
-        }
-        Self::plain(layout, plane0, (base_y, dy), (base_x, dx), m)
+        Self::with_rule::<TorchvisionRule>(layout, plane0, (base_y, dy), (base_x, dx), m)
     }
 
-    /// Whether [`Tap::plain`] applies: both offsets below `2^22` in magnitude (so not NaN).
+    /// The table entry under rule `R` of the sample at `(base_y + dy, base_x + dx)` with mask
+    /// `m`, its bases shifted by `plane0` (the first cell of the image's planes in the task's
+    /// buffer). `layout` must be [`PlaneLayout::for_convention`] of `R`.
+    #[inline(always)]
+    pub fn with_rule<R: Rule>(
+        layout: PlaneLayout,
+        plane0: usize,
+        (base_y, dy): (isize, T),
+        (base_x, dx): (isize, T),
+        m: T,
+    ) -> Self {
+        debug_assert_eq!(
+            layout,
+            PlaneLayout::for_convention(R::CONVENTION, layout.h, layout.w)
+        );
+        if !Self::is_plain(dy, dx) {
+            return Self::by_rule::<R>(layout, plane0, (base_y, dy), (base_x, dx), m);
+        }
+        match R::CONVENTION {
+            Convention::DcnV1 => Self::plain_clamped(layout, plane0, (base_y, dy), (base_x, dx), m),
+            Convention::Torchvision | Convention::Mmcv => {
+                Self::plain::<R>(layout, plane0, (base_y, dy), (base_x, dx), m)
+            }
+        }
+    }
+
+    /// Whether the straight-line builds apply: both offsets below `2^22` in magnitude (so not
+    /// NaN).
     #[inline(always)]
     fn is_plain(dy: T, dx: T) -> bool {
         let limit = T::from_usize(1 << 22);
         dy.abs() < limit && dx.abs() < limit
     }
 
-    /// [`Tap::new`] for offsets with [`Tap::is_plain`].
+    /// [`Tap::with_rule`] for torchvision and mmcv and offsets with [`Tap::is_plain`].
     #[inline(always)]
-    fn plain(
+    fn plain<R: Rule>(
         layout: PlaneLayout,
         plane0: usize,
         (base_y, dy): (isize, T),
@@ -122,7 +228,12 @@ impl<T: Float> Tap<T> {
         let addressable = y0 >= -1 && y0 < hi && x0 >= -1 && x0 < wi;
         // One struct built from selects (few branches).
         let cell = plane0 + layout.index(y0.clamp(-1, hi), x0.clamp(-1, wi));
-        let reads = inside || addressable;
+        let reads = match R::CONVENTION {
+            // No cut-off: an outside sample with a corner in the image reads it.
+            Convention::Torchvision => inside || addressable,
+            // mmcv cuts the coordinate gradient off outside the window: the zero cells.
+            _ => inside,
+        };
         let pick = |on: bool, v: T| if on { v } else { T::ZERO };
         Tap {
             gather: if reads { cell } else { zero },
@@ -140,10 +251,55 @@ impl<T: Float> Tap<T> {
         }
     }
 
-    /// [`Tap::new`] straight from [`crate::sample::locate`] and [`crate::sample::corners`]
-    /// (used for NaN and huge offsets).
+    /// [`Tap::with_rule`] for DCN v1 and offsets with [`Tap::is_plain`]: the same corners and
+    /// weights as [`crate::sample::locate_flat_clamped`], read through the replicated layout.
+    #[inline(always)]
+    fn plain_clamped(
+        layout: PlaneLayout,
+        plane0: usize,
+        (base_y, dy): (isize, T),
+        (base_x, dx): (isize, T),
+        m: T,
+    ) -> Self {
+        debug_assert!(Self::is_plain(dy, dx) && layout.is_replicated());
+        let (fy, fx) = (dy.floor(), dx.floor());
+        let y0 = base_y + fy.to_f64() as isize;
+        let x0 = base_x + fx.to_f64() as isize;
+        let (hi, wi) = (layout.h as isize, layout.w as isize);
+        // p >= 0  <=>  floor(p) >= 0;  p < size  <=>  floor(p) < size.
+        let inside = y0 >= 0 && y0 < hi && x0 >= 0 && x0 < wi;
+        // On the last row (column) the fraction is 0 and its complement 1: the second corner,
+        // row H (column W) of the replicated plane, is the last row (column) again.
+        let (ly, hy) = if y0 == hi - 1 {
+            (T::ZERO, T::ONE)
+        } else {
+            (dy - fy, (fy + T::ONE) - dy)
+        };
+        let (lx, hx) = if x0 == wi - 1 {
+            (T::ZERO, T::ONE)
+        } else {
+            (dx - fx, (fx + T::ONE) - dx)
+        };
+        let zero = plane0 + layout.zero_base();
+        let cell = plane0 + layout.index(y0.clamp(-1, hi), x0.clamp(-1, wi));
+        // Outside the window: the zero cells (no value, no gradient, coordinate gradient 0).
+        let base = if inside { cell } else { zero };
+        let pick = |v: T| if inside { v } else { T::ZERO };
+        Tap {
+            gather: base,
+            scatter: base,
+            weights: [pick(hy * hx), pick(hy * lx), pick(ly * hx), pick(ly * lx)],
+            ly: pick(ly),
+            lx: pick(lx),
+            m,
+            inside,
+        }
+    }
+
+    /// [`Tap::with_rule`] straight from [`crate::sample::locate_in`] and
+    /// [`crate::sample::corners`] (used for NaN and huge offsets).
     #[inline(never)]
-    fn by_rule(
+    fn by_rule<R: Rule>(
         layout: PlaneLayout,
         plane0: usize,
         (base_y, dy): (isize, T),
@@ -152,20 +308,32 @@ impl<T: Float> Tap<T> {
     ) -> Self {
         let (h, w) = (layout.h, layout.w);
         let zero = plane0 + layout.zero_base();
-        match locate(base_y, dy, base_x, dx, h, w) {
+        let nothing = Tap {
+            gather: zero,
+            scatter: zero,
+            weights: [T::ZERO; 4],
+            ly: T::ZERO,
+            lx: T::ZERO,
+            m,
+            inside: false,
+        };
+        let sample = match R::CONVENTION {
+            Convention::Torchvision => locate(base_y, dy, base_x, dx, h, w),
+            conv => locate_in(conv, base_y, dy, base_x, dx, h, w),
+        };
+        match sample {
             Sample::Nan => {
                 let nan = T::from_f64(f64::NAN);
                 Tap {
-                    gather: zero,
-                    scatter: zero,
                     weights: [nan; 4],
                     ly: nan,
                     lx: nan,
-                    m,
                     inside: true,
+                    ..nothing
                 }
             }
             Sample::Inside(c) => {
+                // DCN v1's collapsed corners are the replicated border cells, with weight 0.
                 let base = plane0 + layout.index(c.y0, c.x0);
                 Tap {
                     gather: base,
@@ -177,31 +345,22 @@ impl<T: Float> Tap<T> {
                     inside: true,
                 }
             }
-            Sample::Outside => {
+            Sample::Outside if R::CONVENTION == Convention::Torchvision => {
                 let c = corners(base_y, dy, base_x, dx, h, w);
                 if c.valid.iter().any(|&v| v) {
                     // A corner in the image puts y0 in [-1, H-1] and x0 in [-1, W-1].
                     Tap {
                         gather: plane0 + layout.index(c.y0, c.x0),
-                        scatter: zero,
-                        weights: [T::ZERO; 4],
                         ly: c.ly,
                         lx: c.lx,
-                        m,
-                        inside: false,
+                        ..nothing
                     }
                 } else {
-                    Tap {
-                        gather: zero,
-                        scatter: zero,
-                        weights: [T::ZERO; 4],
-                        ly: T::ZERO,
-                        lx: T::ZERO,
-                        m,
-                        inside: false,
-                    }
+                    nothing
                 }
             }
+            // mmcv and DCN v1 cut the coordinate gradient off outside the window.
+            Sample::Outside => nothing,
         }
     }
 }
@@ -221,11 +380,11 @@ mod tests {
             && (0..4).all(|c| eq(a.weights[c], b.weights[c]))
     }
 
-    /// The straight-line table entry equals the one built from `sample::locate` / `corners`,
-    /// on border, integer, near-integer, small negative and far positions, in f32 and f64.
-    #[test]
-    fn fast_entry_equals_the_rule() {
-        let l = PlaneLayout { h: 4, w: 3 };
+    /// Under rule `R`, the straight-line table entry equals the one built from
+    /// `sample::locate_in` / `corners`, on border, integer, near-integer, small negative and far
+    /// positions, in f32 and f64.
+    fn fast_entry_equals_the_rule_for<R: Rule>() {
+        let l = PlaneLayout::for_convention(R::CONVENTION, 4, 3);
         let ds = [
             -3.5, -2.0, -1.5, -1.0, -0.999, -0.5, -1e-7, 0.0, 1e-7, 0.25, 0.999, 1.0, 2.0, 2.5,
             2.999, 3.0, 3.25, 4.0, 4.5, 7.0,
@@ -234,12 +393,12 @@ mod tests {
             for bx in -2..5isize {
                 for &dy in &ds {
                     for &dx in &ds {
-                        let a = Tap::new(l, 7, (by, dy), (bx, dx), 0.5f64);
-                        let b = Tap::by_rule(l, 7, (by, dy), (bx, dx), 0.5f64);
+                        let a = Tap::with_rule::<R>(l, 7, (by, dy), (bx, dx), 0.5f64);
+                        let b = Tap::by_rule::<R>(l, 7, (by, dy), (bx, dx), 0.5f64);
                         assert!(same(&a, &b), "f64 ({by}+{dy}, {bx}+{dx})");
                         let (fy, fx) = (dy as f32, dx as f32);
-                        let a = Tap::new(l, 7, (by, fy), (bx, fx), 0.5f32);
-                        let b = Tap::by_rule(l, 7, (by, fy), (bx, fx), 0.5f32);
+                        let a = Tap::with_rule::<R>(l, 7, (by, fy), (bx, fx), 0.5f32);
+                        let b = Tap::by_rule::<R>(l, 7, (by, fy), (bx, fx), 0.5f32);
                         assert!(same(&a, &b), "f32 ({by}+{dy}, {bx}+{dx})");
                     }
                 }
@@ -248,24 +407,101 @@ mod tests {
     }
 
     #[test]
-    fn zero_base_cells_are_all_border() {
-        for (h, w) in [(1, 1), (1, 3), (4, 2), (7, 7)] {
-            let l = PlaneLayout { h, w };
-            let b = l.zero_base();
-            for cell in [b, b + 1, b + l.pitch(), b + l.pitch() + 1] {
-                assert!(cell < l.len());
-                let (r, s) = (cell / l.pitch(), cell % l.pitch());
-                assert!(
-                    r == 0 || r == h + 1 || s == 0 || s == w + 1,
-                    "{h}x{w}: {cell}"
-                );
+    fn fast_entry_equals_the_rule() {
+        fast_entry_equals_the_rule_for::<TorchvisionRule>();
+        fast_entry_equals_the_rule_for::<MmcvRule>();
+        fast_entry_equals_the_rule_for::<DcnV1Rule>();
+    }
+
+    /// The fast DCN v1 entry reads (through the replicated plane) and weighs exactly the corners
+    /// of `sample::locate_flat_clamped`.
+    #[test]
+    fn dcn_v1_entry_reads_the_clamped_corners() {
+        let (h, w) = (4usize, 3usize);
+        let l = PlaneLayout::replicated(h, w);
+        let image: Vec<f64> = (0..h * w).map(|i| (i * i) as f64 + 1.0).collect();
+        let mut plane = vec![0.0; l.len()];
+        for r in 0..h {
+            for s in 0..w {
+                plane[l.index(r as isize, s as isize)] = image[r * w + s];
+            }
+        }
+        l.replicate_border(&mut plane);
+        let ds = [-1.0, -0.5, 0.0, 0.25, 1.0, 1.5, 2.0, 2.75, 3.0, 3.5, 4.0];
+        for &py in &ds {
+            for &px in &ds {
+                let t = Tap::with_rule::<DcnV1Rule>(l, 0, (0, py), (0, px), 1.0);
+                let (index, weight) = crate::sample::locate_flat_clamped(0, py, 0, px, h, w);
+                let cells = [
+                    t.gather,
+                    t.gather + 1,
+                    t.gather + l.pitch(),
+                    t.gather + l.pitch() + 1,
+                ];
+                for c in 0..4 {
+                    let want = if index[c] < 0 {
+                        0.0
+                    } else {
+                        image[index[c] as usize]
+                    };
+                    let got = plane[cells[c]];
+                    // Collapsed corners read their pixel again, outside samples zeros.
+                    assert_eq!(got, want, "({py}, {px}) corner {c}");
+                    assert_eq!(t.weights[c], weight[c], "({py}, {px}) weight {c}");
+                }
             }
         }
     }
 
     #[test]
+    fn zero_base_cells_are_all_zero_border() {
+        for (h, w) in [(0, 3), (1, 1), (1, 3), (4, 2), (7, 7)] {
+            for l in [
+                PlaneLayout::zero_bordered(h, w),
+                PlaneLayout::replicated(h, w),
+            ] {
+                // Fill the image with ones and replicate: the zero base must still read zeros.
+                let mut plane = vec![0.0f64; l.len()];
+                for r in 0..h as isize {
+                    for s in 0..w as isize {
+                        plane[l.index(r, s)] = 1.0;
+                    }
+                }
+                l.replicate_border(&mut plane);
+                let b = l.zero_base();
+                for cell in [b, b + 1, b + l.pitch(), b + l.pitch() + 1] {
+                    assert!(cell < l.len());
+                    assert_eq!(plane[cell], 0.0, "{l:?}: {cell}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn replicated_border_copies_the_last_row_and_column() {
+        let l = PlaneLayout::replicated(2, 3);
+        let mut plane = vec![0.0f64; l.len()];
+        for r in 0..2isize {
+            for s in 0..3isize {
+                plane[l.index(r, s)] = (10 * r + s + 1) as f64;
+            }
+        }
+        l.replicate_border(&mut plane);
+        // Rows -1..=2, columns -1..=4; row 2 = row 1, column 3 = column 2, column 4 zero.
+        let want = [
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [0.0, 1.0, 2.0, 3.0, 3.0, 0.0],
+            [0.0, 11.0, 12.0, 13.0, 13.0, 0.0],
+            [0.0, 11.0, 12.0, 13.0, 13.0, 0.0],
+        ];
+        for (r, row) in want.iter().enumerate() {
+            assert_eq!(&plane[r * l.pitch()..][..l.pitch()], row, "row {r}");
+        }
+    }
+
+    #[test]
     fn outside_sample_with_a_corner_in_the_image_reads_it_but_sends_nothing() {
-        let l = PlaneLayout { h: 3, w: 3 };
+        let l = PlaneLayout::zero_bordered(3, 3);
         // py = -1 exactly: outside the window, but corner (0, 1) is in the image.
         let t = Tap::new(l, 0, (0, -1.0f64), (1, 0.0), 1.0);
         assert!(!t.inside);
@@ -273,5 +509,11 @@ mod tests {
         assert_eq!(t.scatter, l.zero_base());
         let far = Tap::new(l, 0, (0, f64::INFINITY), (1, 0.0), 1.0);
         assert_eq!((far.gather, far.ly, far.lx), (l.zero_base(), 0.0, 0.0));
+        // mmcv cuts it off: the zero cells, no fractions.
+        let t = Tap::with_rule::<MmcvRule>(l, 0, (0, -1.0f64), (1, 0.0), 1.0);
+        assert_eq!(
+            (t.gather, t.ly, t.lx, t.inside),
+            (l.zero_base(), 0.0, 0.0, false)
+        );
     }
 }
