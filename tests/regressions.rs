@@ -104,3 +104,49 @@ fn absurd_weight_gradient_of_an_empty_batch_is_an_error_not_an_abort() {
         "{exact:?}"
     );
 }
+
+/// Found by the `values` fuzz target: the reference formed `(weight * m) * B`, which
+/// overflows to inf (and `inf * 0 = NaN`) for a huge weight and mask on a sample outside the
+/// image, where the column value `m * B` (what the fast path and torchvision multiply by the
+/// weight) is exactly 0.
+#[test]
+fn huge_weight_times_huge_mask_on_an_outside_sample_is_zero() {
+    let input = Array4::from_elem((1, 1, 1, 1), 3.8125f64);
+    let weight = Array4::from_elem((1, 1, 1, 1), -1e300f64);
+    let offset = Array4::from_elem((1, 2, 1, 1), 3.8125f64); // far below the 1x1 image
+    let mask = Array4::from_elem((1, 1, 1, 1), -1e38f64);
+    let p = ConvParams::default();
+    let (iv, ov, mv, wv) = (input.view(), offset.view(), mask.view(), weight.view());
+    let exact = reference::deform_conv2d(iv, ov, Some(mv), wv, None, &p).unwrap();
+    let fast = deform_conv2d(iv, ov, Some(mv), wv, None, &p).unwrap();
+    assert_eq!(exact[[0, 0, 0, 0]], 0.0);
+    assert_eq!(fast[[0, 0, 0, 0]], 0.0);
+}
+
+/// Found by the `values` fuzz target: for an offset a few ulps below an integer the
+/// fraction rounds to 1 and the reference's `1 - frac` gave 0, while the true weight of the
+/// upper corner (and the fast path's exact complement `(floor + 1) - d`) is those few ulps.
+#[test]
+fn weight_of_the_upper_corner_keeps_its_ulps() {
+    use deformconv::Padding;
+    let d = -4.408185691408912e-18f64; // fraction 1 - 4.4e-18 rounds to 1.0
+    let input = Array4::from_elem((1, 1, 1, 1), -1.0f64);
+    let weight = Array4::from_elem((1, 1, 1, 1), -4.0f64);
+    // One padding row below the 1x1 image: output row 1 samples at base row 1.
+    let p = ConvParams::default().padding_sides(Padding {
+        top: 0,
+        bottom: 1,
+        left: 0,
+        right: 0,
+    });
+    let mut offset = Array4::<f64>::zeros((1, 2, 2, 1));
+    offset[[0, 0, 1, 0]] = d;
+    let (iv, ov, wv) = (input.view(), offset.view(), weight.view());
+    let exact = reference::deform_conv2d(iv, ov, None, wv, None, &p).unwrap();
+    let fast = deform_conv2d(iv, ov, None, wv, None, &p).unwrap();
+    // py = 1 + d: corners row 0 (weight 1 - frac = |d|) and row 1 (outside, reads 0), so
+    // out = -4 * |d| * -1 = 4 |d|, not 0.
+    let want = 4.0 * -d;
+    assert_eq!(exact[[0, 0, 1, 0]], want);
+    assert_eq!(fast[[0, 0, 1, 0]], want);
+}
