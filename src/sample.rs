@@ -310,11 +310,7 @@ pub(crate) fn coordinate_weights<T: Float>(
     if !c.valid.iter().any(|&v| v) {
         return (T::ZERO, T::ZERO);
     }
-    let [v00, v01, v10, v11] = c.values(plane);
-    let (ly, lx) = (c.ly, c.lx);
-    let wy = lx * (v11 - v01) + (T::ONE - lx) * (v10 - v00);
-    let wx = ly * (v11 - v10) + (T::ONE - ly) * (v01 - v00);
-    (wy, wx)
+    derivatives(&c, plane)
 }
 
 /// Locates the sample at `(base_y + dy, base_x + dx)` under `conv`'s rule.
