@@ -190,10 +190,9 @@ fn run<T: Float>(
                 let a = &weight[group * rows * depth..][..rows * depth];
                 let b = bias.map(|b| &b[group * rows..][..rows]);
                 let first = (tile.image * geo.c_out + group * rows) * pixels + tile.start;
-                // SAFETY: rows `group * rows ..` of image `tile.image`, pixels
-                // `tile.start .. + tile.len` at row stride `pixels` lie inside `out_slice`
-                // (start + len <= pixels) and belong to this tile alone: tiles partition
-                // (image, pixel) and each group owns its own output channels.
+                // Tiles partition (image, pixel) and each group owns its own output channels.
+                // SAFETY: rows `group * rows ..` of image `tile.image`, pixels `tile.start ..
+                // + len` (<= pixels) at stride `pixels` lie in `out_slice`, this tile's alone.
                 unsafe {
                     debug_assert!(
                         first + (rows - 1) * pixels + tile.len <= geo.n * geo.c_out * pixels

@@ -753,10 +753,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             seg.conv_group * cog * cink + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
         debug_assert!(a0 + (rows - 1) + (cog - 1) * cink < weight.len());
         debug_assert!(gt.len() >= cog * width && gcol.len() >= rows * width);
-        // SAFETY: A = weight[a0 + r + o * cink] for r < rows, o < cog stays inside `weight`
-        // (the segment's columns lie within its conv group's C_in/groups * K); B = gt is
-        // cog x width row-major and C = gcol is rows x width row-major, both checked above;
-        // gcol is a distinct exclusive buffer.
+        // A = weight[a0 + r + o * cink] (r < rows, o < cog): the segment's columns lie within
+        // its conv group's C_in/groups * K. SAFETY: A stays inside `weight`; B = gt (cog x width)
+        // and C = gcol (rows x width, exclusive) are row-major and sized as checked above.
         unsafe {
             T::gemm(
                 rows,
