@@ -28,7 +28,8 @@ use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::{checked_elements, try_zeros, Geometry};
 use crate::kernels::gather::SampleTable;
-use crate::kernels::{fill_columns, gemm, Source};
+use crate::kernels::gemm::{GemmScratch, TileGemm};
+use crate::kernels::{fill_columns, Source};
 use crate::params::ConvParams;
 use crate::plan;
 
@@ -171,8 +172,9 @@ fn run<T: Float>(
     let elem = std::mem::size_of::<T>();
     let (tile_len, tiles) = plan::forward_tiles(geo, elem);
     let depth = geo.c_in_per_group() * geo.taps();
-    let cols_len = checked_elements("column tile", &[depth, tile_len], elem)?;
     let rows = geo.c_out_per_group();
+    let cols_len = checked_elements("column tile", &[depth, tile_len], elem)?;
+    let staging_len = checked_elements("output tile", &[rows, tile_len], elem)?;
     let pixels = geo.out_pixels();
     let out_slice = out.as_slice_mut().ok_or_else(|| Error::Param {
         name: "out",
@@ -180,38 +182,114 @@ fn run<T: Float>(
     })?;
     debug_assert_eq!(out_slice.len(), geo.n * geo.c_out * pixels);
     let shared = SharedOut(out_slice.as_mut_ptr());
+    let engine = TileGemm::new(weight, geo.groups, rows, depth);
 
     tiles.par_iter().for_each_init(
-        || (vec![T::ZERO; cols_len], SampleTable::<T>::new()),
-        |(cols, table), tile| {
-            let cols = &mut cols[..depth * tile.len];
+        || TileScratch::<T>::new(cols_len),
+        |scratch, tile| {
+            let ld = tile.len;
+            let cols = &mut scratch.cols[..depth * ld];
+            let single = tile.segments(pixels).nth(1).is_none();
             for group in 0..geo.groups {
-                fill_columns(&src, tile.image, group, tile.start, tile.len, cols, table);
-                let a = &weight[group * rows * depth..][..rows * depth];
+                for seg in tile.segments(pixels) {
+                    let part = &mut cols[seg.column..];
+                    fill_columns(
+                        &src,
+                        seg.image,
+                        group,
+                        seg.start,
+                        seg.len,
+                        part,
+                        ld,
+                        &mut scratch.table,
+                    );
+                }
                 let b = bias.map(|b| &b[group * rows..][..rows]);
-                let first = (tile.image * geo.c_out + group * rows) * pixels + tile.start;
-                // Tiles partition (image, pixel) and each group owns its own output channels.
-                // SAFETY: rows `group * rows ..` of image `tile.image`, pixels `tile.start ..
-                // + len` (<= pixels) at stride `pixels` lie in `out_slice`, this tile's alone.
+                if single {
+                    let (image, start) = (tile.first / pixels, tile.first % pixels);
+                    let first = (image * geo.c_out + group * rows) * pixels + start;
+                    // Tiles partition the flat pixels and each group owns its output channels.
+                    // SAFETY: rows `group * rows ..` of image `image`, pixels `start .. + ld`
+                    // (inside the image) at stride `pixels` lie in `out_slice`, this tile's alone.
+                    unsafe {
+                        debug_assert!(first + (rows - 1) * pixels + ld <= out_slice_len(geo));
+                        let dst = shared.get().add(first);
+                        engine.multiply_tile(
+                            group,
+                            cols,
+                            ld,
+                            ld,
+                            b,
+                            dst,
+                            pixels,
+                            &mut scratch.gemm,
+                        );
+                    }
+                    continue;
+                }
+                // The tile spans images: compute into the staging block, then copy each
+                // image's part to its place.
+                let staging = scratch
+                    .staging
+                    .get_or_insert_with(|| vec![T::ZERO; staging_len]);
+                let staged = &mut staging[..rows * ld];
+                // SAFETY: `staged` is rows x ld, owned by this task, disjoint from cols/bias.
                 unsafe {
-                    debug_assert!(
-                        first + (rows - 1) * pixels + tile.len <= geo.n * geo.c_out * pixels
-                    );
-                    gemm::multiply_tile(
-                        a,
-                        rows,
-                        depth,
+                    engine.multiply_tile(
+                        group,
                         cols,
-                        tile.len,
+                        ld,
+                        ld,
                         b,
-                        shared.get().add(first),
-                        pixels,
-                    );
+                        staged.as_mut_ptr(),
+                        ld,
+                        &mut scratch.gemm,
+                    )
+                };
+                for seg in tile.segments(pixels) {
+                    for o in 0..rows {
+                        let first = (seg.image * geo.c_out + group * rows + o) * pixels + seg.start;
+                        let src_row = &staged[o * ld + seg.column..][..seg.len];
+                        // SAFETY: channel `group * rows + o` of image `seg.image`, pixels
+                        // `seg.start .. + seg.len` belong to this tile alone (see above).
+                        unsafe {
+                            debug_assert!(first + seg.len <= out_slice_len(geo));
+                            std::ptr::copy_nonoverlapping(
+                                src_row.as_ptr(),
+                                shared.get().add(first),
+                                seg.len,
+                            );
+                        }
+                    }
                 }
             }
         },
     );
     Ok(())
+}
+
+fn out_slice_len(geo: &Geometry) -> usize {
+    geo.n * geo.c_out * geo.out_pixels()
+}
+
+/// The reusable buffers of one worker: the column tile, the sampling table, the GEMM's packed
+/// column block, and (for tiles spanning images) the staging block of the output.
+struct TileScratch<T> {
+    cols: Vec<T>,
+    table: SampleTable<T>,
+    gemm: GemmScratch,
+    staging: Option<Vec<T>>,
+}
+
+impl<T: Float> TileScratch<T> {
+    fn new(cols_len: usize) -> Self {
+        TileScratch {
+            cols: vec![T::ZERO; cols_len],
+            table: SampleTable::new(),
+            gemm: GemmScratch::default(),
+            staging: None,
+        }
+    }
 }
 
 /// Deformable convolution, forward (DCN v1 without `mask`, DCN v2 with), torchvision's

@@ -12,53 +12,85 @@ use crate::geometry::Geometry;
 /// the weight panels streamed past it stay in cache.
 const COLUMN_BUDGET_BYTES: usize = 1 << 20;
 
-/// Tile lengths below a full image are multiples of this (one AVX-512 vector of `f32`).
-const LANE_MULTIPLE: usize = 16;
+/// Tile lengths are multiples of this (the GEMM's register-block width, three AVX-512
+/// vectors of `f32`) unless the whole batch fits one tile.
+const LANE_MULTIPLE: usize = 48;
 
-/// One unit of forward work: pixels `start .. start + len` (row-major `y * W_out + x`) of image
-/// `image`, for every output channel.
+/// Enough tiles for two threads to balance (a thread's last tile is at most 1/8 of its work).
+const MIN_TILES: usize = 16;
+
+/// One unit of forward work: the flat output pixels `first .. first + len` of the batch (flat
+/// index `n * H_out * W_out + y * W_out + x`), for every output channel. A tile may span
+/// several images: small images are batched so that the GEMM sees enough columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tile {
-    /// The image `n`.
-    pub image: usize,
-    /// First output pixel of the tile.
-    pub start: usize,
-    /// Number of output pixels in the tile (at least 1).
+    /// First flat output pixel of the tile.
+    pub first: usize,
+    /// Number of flat output pixels in the tile (at least 1).
     pub len: usize,
 }
 
-/// Output pixels per tile for a column buffer of `rows = C_in/groups * kh * kw` rows of
-/// `elem_bytes`-sized elements: as many as fit [`COLUMN_BUDGET_BYTES`], at least
-/// [`LANE_MULTIPLE`], at most the whole image, and a multiple of [`LANE_MULTIPLE`] when the
-/// image is split.
-pub(crate) fn tile_len(rows: usize, pixels: usize, elem_bytes: usize) -> usize {
-    let fit = COLUMN_BUDGET_BYTES / (rows.max(1) * elem_bytes.max(1));
-    if fit >= pixels {
-        return pixels.max(1);
-    }
-    let len = (fit / LANE_MULTIPLE * LANE_MULTIPLE).max(LANE_MULTIPLE);
-    len.min(pixels).max(1)
+/// The part of a tile inside one image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    /// The image `n`.
+    pub image: usize,
+    /// First output pixel inside the image.
+    pub start: usize,
+    /// Number of pixels.
+    pub len: usize,
+    /// Column of the tile where the segment begins.
+    pub column: usize,
 }
 
-/// The tiles of a forward pass: for each image in order, consecutive pixel ranges of
-/// [`tile_len`] pixels (the last one of an image possibly shorter).
-pub(crate) fn forward_tiles(geo: &Geometry, elem_bytes: usize) -> (usize, Vec<Tile>) {
-    let pixels = geo.out_pixels();
-    let len = tile_len(geo.c_in_per_group() * geo.taps(), pixels, elem_bytes);
-    let per_image = pixels.div_ceil(len);
-    let mut tiles = Vec::with_capacity(geo.n * per_image);
-    for image in 0..geo.n {
-        let mut start = 0;
-        while start < pixels {
-            let this = len.min(pixels - start);
-            tiles.push(Tile {
-                image,
-                start,
-                len: this,
-            });
-            start += this;
-        }
+impl Tile {
+    /// The tile's pieces, one per image it meets, in order (`pixels` = `H_out * W_out` > 0).
+    pub(crate) fn segments(self, pixels: usize) -> impl Iterator<Item = Segment> {
+        let end = self.first + self.len;
+        let mut at = self.first;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let (image, start) = (at / pixels, at % pixels);
+                let len = (pixels - start).min(end - at);
+                let seg = Segment {
+                    image,
+                    start,
+                    len,
+                    column: at - self.first,
+                };
+                at += len;
+                seg
+            })
+        })
     }
+}
+
+/// Flat pixels per tile for a column buffer of `rows = C_in/groups * kh * kw` rows of
+/// `elem_bytes`-sized elements and `total` flat pixels: as many as fit
+/// [`COLUMN_BUDGET_BYTES`] but few enough for [`MIN_TILES`] tiles, a multiple of
+/// [`LANE_MULTIPLE`] (at least one), at most `total`.
+pub(crate) fn tile_len(rows: usize, total: usize, elem_bytes: usize) -> usize {
+    let fit = COLUMN_BUDGET_BYTES / (rows.max(1) * elem_bytes.max(1));
+    let balanced = total.div_ceil(MIN_TILES).next_multiple_of(LANE_MULTIPLE);
+    let len =
+        (fit / LANE_MULTIPLE * LANE_MULTIPLE).clamp(LANE_MULTIPLE, balanced.max(LANE_MULTIPLE));
+    len.min(total).max(1)
+}
+
+/// The tiles of a forward pass: consecutive flat pixel ranges of [`tile_len`] pixels over the
+/// whole batch (the last one possibly shorter). They depend on the geometry only; and since
+/// every output element's arithmetic is independent of where tiles begin, an image gets the
+/// same bits in any batch.
+pub(crate) fn forward_tiles(geo: &Geometry, elem_bytes: usize) -> (usize, Vec<Tile>) {
+    let total = geo.n * geo.out_pixels();
+    let len = tile_len(geo.c_in_per_group() * geo.taps(), total, elem_bytes);
+    let tiles = (0..total)
+        .step_by(len.max(1))
+        .map(|first| Tile {
+            first,
+            len: len.min(total - first),
+        })
+        .collect();
     (len, tiles)
 }
 
@@ -67,13 +99,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tiles_cover_every_pixel_once_and_ignore_the_batch() {
-        for (rows, pixels) in [(4608, 49), (2304, 4096), (72, 144), (1, 1), (10_000_000, 7)] {
-            let len = tile_len(rows, pixels, 4);
-            assert!(len >= 1 && len <= pixels);
-            assert!(len == pixels || len.is_multiple_of(LANE_MULTIPLE));
+    fn tile_lengths_fit_the_budget_and_balance() {
+        for (rows, total) in [
+            (4608, 784),
+            (2304, 8192),
+            (72, 9216),
+            (1, 1),
+            (10_000_000, 7),
+        ] {
+            let len = tile_len(rows, total, 4);
+            assert!(len >= 1 && len <= total);
+            assert!(len == total || len.is_multiple_of(LANE_MULTIPLE));
         }
-        assert_eq!(tile_len(4608, 49, 4), 49);
-        assert_eq!(tile_len(2304, 4096, 4), 112);
+        assert_eq!(tile_len(4608, 16 * 49, 4), 48);
+        assert_eq!(tile_len(2304, 2 * 4096, 4), 96);
+        assert_eq!(tile_len(72, 64 * 144, 4), 576);
+    }
+
+    #[test]
+    fn segments_cover_the_tile_in_order() {
+        let tile = Tile { first: 40, len: 60 };
+        let segs: Vec<_> = tile.segments(49).collect();
+        assert_eq!(
+            segs,
+            [
+                Segment {
+                    image: 0,
+                    start: 40,
+                    len: 9,
+                    column: 0
+                },
+                Segment {
+                    image: 1,
+                    start: 0,
+                    len: 49,
+                    column: 9
+                },
+                Segment {
+                    image: 2,
+                    start: 0,
+                    len: 2,
+                    column: 58
+                },
+            ]
+        );
     }
 }

@@ -182,7 +182,8 @@ impl<T: Float> SampleTable<T> {
 /// `cols[(c' * K + k) * len + q] = m * B(input[n, c], py, px)` (see `kernels` for the layout),
 /// building one [`SampleTable`] per offset group that meets the conv group.
 ///
-/// The caller guarantees `H * W <= i32::MAX` and `cols.len() >= C_in/groups * K * len`.
+/// Row `r` of the tile goes to `cols[r * ld ..][..len]`. The caller guarantees
+/// `H * W <= i32::MAX`, `ld >= len` and `cols.len() >= (C_in/groups * K - 1) * ld + len`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
@@ -192,6 +193,7 @@ pub(crate) fn gather_columns<T: Float>(
     start: usize,
     len: usize,
     cols: &mut [T],
+    ld: usize,
     table: &mut SampleTable<T>,
 ) {
     let g = src.geo;
@@ -200,7 +202,7 @@ pub(crate) fn gather_columns<T: Float>(
     let per_og = g.c_per_offset_group();
     let plane_len = g.h * g.w;
     debug_assert!(plane_len <= i32::MAX as usize);
-    debug_assert!(cols.len() >= cg * taps * len);
+    debug_assert!(ld >= len && (cg * taps == 0 || cols.len() >= (cg * taps - 1) * ld + len));
     let (c_lo, c_hi) = (group * cg, (group + 1) * cg);
     let mut c = c_lo;
     while c < c_hi {
@@ -210,7 +212,7 @@ pub(crate) fn gather_columns<T: Float>(
         for ch in c..chunk_end {
             let plane = &src.input[(image * g.c_in + ch) * plane_len..][..plane_len];
             for k in 0..taps {
-                let row = &mut cols[((ch - c_lo) * taps + k) * len..][..len];
+                let row = &mut cols[((ch - c_lo) * taps + k) * ld..][..len];
                 table.interpolate_row(plane, k, len, src.mask.is_some(), row);
             }
         }

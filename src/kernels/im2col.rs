@@ -32,7 +32,8 @@ fn valid_columns(
 
 /// Fills the dense column tile of `(image, group, start .. start + len)`:
 /// `cols[(c' * K + k) * len + q] = input[n, c, y * sh - pad_top + i * dh, x * sw - pad_left + j * dw]`
-/// (0 in the padding), for the pixel `start + q = y * W_out + x`.
+/// (0 in the padding), for the pixel `start + q = y * W_out + x`, row `r = c' * K + k` at
+/// `cols[r * ld ..][..len]` (`ld >= len`).
 pub(crate) fn im2col_columns<T: Float>(
     src: &Source<'_, T>,
     image: usize,
@@ -40,19 +41,20 @@ pub(crate) fn im2col_columns<T: Float>(
     start: usize,
     len: usize,
     cols: &mut [T],
+    ld: usize,
 ) {
     let g = src.geo;
     let (h, w, w_out, taps) = (g.h, g.w, g.w_out, g.taps());
     let cg = g.c_in_per_group();
     let plane_len = h * w;
-    debug_assert!(cols.len() >= cg * taps * len);
+    debug_assert!(ld >= len && (cg * taps == 0 || cols.len() >= (cg * taps - 1) * ld + len));
     debug_assert!(start + len <= g.out_pixels());
     for ci in 0..cg {
         let c = group * cg + ci;
         let plane = &src.input[(image * g.c_in + c) * plane_len..][..plane_len];
         for k in 0..taps {
             let (i, j) = (k / g.kw, k % g.kw);
-            let row = &mut cols[(ci * taps + k) * len..][..len];
+            let row = &mut cols[(ci * taps + k) * ld..][..len];
             let (off_y, off_x) = (i * g.dil_h, j * g.dil_w);
             // Walk the tile one output row at a time.
             let mut q = 0;

@@ -31,6 +31,8 @@ pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod lanes;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod sgemm;
 pub(crate) mod taps;
 
 use crate::convention::Convention;
@@ -52,9 +54,12 @@ pub(crate) struct Source<'a, T> {
     pub mask: Option<&'a [T]>,
 }
 
-/// Fills the column tile of `(image, group, start .. start + len)` into `cols` (at least
-/// `C_in/groups * K * len` elements; see the module docs for the layout), by the deformable
-/// gather when `src` has offsets and by the dense im2col otherwise.
+/// Fills the column tile of `(image, group, start .. start + len)` into `cols`, row `r` at
+/// `cols[r * ld ..][..len]` (`ld >= len`; see the module docs for the layout, which is the
+/// case `ld = len`), by the deformable gather when `src` has offsets and by the dense im2col
+/// otherwise. A forward tile spanning several images fills one such block per image, side by
+/// side in a buffer of row stride `ld`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn fill_columns<T: crate::Float>(
     src: &Source<'_, T>,
     image: usize,
@@ -62,12 +67,13 @@ pub(crate) fn fill_columns<T: crate::Float>(
     start: usize,
     len: usize,
     cols: &mut [T],
+    ld: usize,
     scratch: &mut gather::SampleTable<T>,
 ) {
     match src.offset {
         Some(offset) => {
-            gather::gather_columns(src, offset, image, group, start, len, cols, scratch)
+            gather::gather_columns(src, offset, image, group, start, len, cols, ld, scratch)
         }
-        None => im2col::im2col_columns(src, image, group, start, len, cols),
+        None => im2col::im2col_columns(src, image, group, start, len, cols, ld),
     }
 }
