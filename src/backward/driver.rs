@@ -224,6 +224,51 @@ impl Plan {
     }
 }
 
+/// `weightᵀ` of one segment, packed for the AVX-512 `f32` GEMM.
+#[cfg(target_arch = "x86_64")]
+type PackedWeightT = crate::kernels::sgemm::PackedA;
+#[cfg(not(target_arch = "x86_64"))]
+type PackedWeightT = ();
+
+/// Per offset group, per segment: the segment's `weightᵀ` (`(c_hi - c_lo) K x C_out/groups`)
+/// packed once per call for the column gradient, when the element type is `f32` and the CPU
+/// has AVX-512F (otherwise `None`, and matrixmultiply packs per tile).
+fn pack_weight_t<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Vec<Vec<PackedWeightT>>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::lanes::{isa, Isa};
+        let weight = ops.weight?;
+        if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() || isa() != Isa::Avx512 {
+            return None;
+        }
+        // SAFETY: T is f32 (checked above): the same memory read as f32.
+        let w = unsafe { std::slice::from_raw_parts(weight.as_ptr() as *const f32, weight.len()) };
+        let k_taps = g.taps();
+        let cink = g.c_in_per_group() * k_taps;
+        let cog = g.c_out_per_group();
+        Some(
+            (0..g.offset_groups)
+                .map(|og| {
+                    segments(g, og)
+                        .iter()
+                        .map(|seg| {
+                            let rows = (seg.c_hi - seg.c_lo) * k_taps;
+                            let a0 = seg.conv_group * cog * cink
+                                + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
+                            PackedWeightT::pack_strided(&w[a0..], rows, cog, 1, cink)
+                        })
+                        .collect()
+                })
+                .collect(),
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (g, ops);
+        None
+    }
+}
+
 /// The segments of offset group `og`, with their offsets in the task's weight partial.
 fn segments(g: &Geometry, og: usize) -> Vec<Segment> {
     let cpo = g.c_per_offset_group();
@@ -377,13 +422,15 @@ pub(crate) fn run<T: Float>(
             len: w.len(),
         }
     });
+    let packed_wt = needs.gcol().then(|| pack_weight_t(g, ops)).flatten();
     let results: Vec<(Vec<T>, Stats)> = per_task
         .into_par_iter()
         .enumerate()
         .map(|(t, views)| {
             let (slot, og) = (t / g.offset_groups, t % g.offset_groups);
             let out = if slot == 0 { shared } else { None };
-            Task::new(g, &plan, ops, needs, og).run(slot, views, out)
+            let packed = packed_wt.as_ref().map(|p| &p[og][..]);
+            Task::new(g, &plan, ops, needs, og, packed).run(slot, views, out)
         })
         .collect();
     let stats = results
@@ -434,6 +481,14 @@ struct Task<'p, 'a, T> {
     needs: Needs,
     og: usize,
     segs: Vec<Segment>,
+    /// Per segment, `weightᵀ` packed for the AVX-512 `f32` GEMM (when it applies).
+    packed_wt: Option<&'p [PackedWeightT]>,
+    /// The GEMM's packed `B` block (reused across tiles).
+    packed_b: Vec<f32>,
+    /// The tile's `grad_out` packed as `A` of the weight-gradient GEMM, when the AVX-512 `f32`
+    /// kernel applies.
+    #[cfg(target_arch = "x86_64")]
+    packed_gt: Option<crate::kernels::sgemm::PackedA>,
     layout: PlaneLayout,
     stats: Stats,
 }
@@ -445,6 +500,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         ops: &'p Operands<'a, T>,
         needs: Needs,
         og: usize,
+        packed_wt: Option<&'p [PackedWeightT]>,
     ) -> Self {
         Task {
             g,
@@ -453,6 +509,12 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             needs,
             og,
             segs: segments(g, og),
+            packed_wt,
+            packed_b: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            packed_gt: (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+                && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512)
+                .then(|| crate::kernels::sgemm::PackedA::pack_strided(&[], 0, 0, 0, 0)),
             layout: PlaneLayout::for_convention(ops.convention, g.h, g.w),
             stats: Stats::default(),
         }
@@ -538,7 +600,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     acc_m[..k_taps * width].fill(T::ZERO);
                 }
                 let mut packed_group = usize::MAX;
-                for seg in &self.segs.clone() {
+                for (si, seg) in self.segs.clone().iter().enumerate() {
                     let rows = (seg.c_hi - seg.c_lo) * k_taps;
                     if packed_group != seg.conv_group {
                         self.pack_grad_out(seg.conv_group, tile, width, &mut gt);
@@ -546,7 +608,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     }
                     let local = seg.c_lo - self.og * cpo..seg.c_hi - self.og * cpo;
                     if needs.gcol() {
-                        self.column_gradient(seg, width, &gt, &mut gcol[..rows * width]);
+                        self.column_gradient(si, seg, width, &gt, &mut gcol[..rows * width]);
                     }
                     if needs.input {
                         scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
@@ -739,7 +801,14 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     }
 
     /// `gcol[(c - c_lo) K + k, col] = sum_o weight[group o, c', k] * gt[o, col]`.
-    fn column_gradient(&mut self, seg: &Segment, width: usize, gt: &[T], gcol: &mut [T]) {
+    fn column_gradient(
+        &mut self,
+        si: usize,
+        seg: &Segment,
+        width: usize,
+        gt: &[T],
+        gcol: &mut [T],
+    ) {
         let g = self.g;
         let Some(weight) = self.ops.weight else {
             debug_assert!(false, "the column gradient needs the weight");
@@ -753,6 +822,33 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             seg.conv_group * cog * cink + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
         debug_assert!(a0 + (rows - 1) + (cog - 1) * cink < weight.len());
         debug_assert!(gt.len() >= cog * width && gcol.len() >= rows * width);
+        self.stats.gcol_gemms += 1;
+        #[cfg(target_arch = "x86_64")]
+        if let Some(packed) = self.packed_wt {
+            let cast = |s: &[T]| {
+                // SAFETY: `packed_wt` exists only when T is f32 (see `pack_weight_t`).
+                unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
+            };
+            // SAFETY: AVX-512F was detected when the weight was packed; B = gt is cog x width
+            // row-major and C = gcol (rows x width, exclusive to this task) as checked above.
+            unsafe {
+                crate::kernels::sgemm::multiply(
+                    &packed[si],
+                    crate::kernels::sgemm::MatB {
+                        data: cast(gt),
+                        rs: width,
+                        cs: 1,
+                    },
+                    width,
+                    crate::kernels::sgemm::Init::Zero,
+                    gcol.as_mut_ptr() as *mut f32,
+                    width,
+                    &mut self.packed_b,
+                )
+            };
+            return;
+        }
+        let _ = si;
         // A = weight[a0 + r + o * cink] (r < rows, o < cog): the segment's columns lie within
         // its conv group's C_in/groups * K. SAFETY: A stays inside `weight`; B = gt (cog x width)
         // and C = gcol (rows x width, exclusive) are row-major and sized as checked above.
@@ -774,7 +870,6 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 1,
             );
         }
-        self.stats.gcol_gemms += 1;
     }
 
     /// `part[o, r] = beta * part[o, r] + sum_col gt[o, col] * cols[r, col]`.
@@ -790,6 +885,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let cog = self.g.c_out_per_group();
         debug_assert!(gt.len() >= cog * width && cols.len() >= rows * width);
         debug_assert!(part.len() >= cog * rows);
+        // SAFETY: part is cog x rows row-major, exclusive (checked above).
+        if unsafe { self.weight_gemm_avx512(rows, width, gt, cols, part.as_mut_ptr(), rows, beta) }
+        {
+            return;
+        }
         // SAFETY: A = gt (cog x width, row-major), B = colsᵀ (width x rows: element (q, r) at
         // r * width + q), C = part (cog x rows, row-major); lengths checked above, part is an
         // exclusive buffer distinct from both.
@@ -814,6 +914,63 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         self.stats.weight_gemms += 1;
     }
 
+    /// `c[o * ldc + r] = beta * c[o * ldc + r] + sum_col gt[o, col] * cols[r, col]` by the
+    /// AVX-512 `f32` kernel when it applies (returns whether it did; `beta` is 0 or 1).
+    ///
+    /// # Safety
+    /// `c` addresses `C_out/groups` rows of `rows` writable elements at stride `ldc`, owned by
+    /// this task and disjoint from `gt` and `cols`; `gt` holds `C_out/groups x width` and
+    /// `cols` `rows x width` elements.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn weight_gemm_avx512(
+        &mut self,
+        rows: usize,
+        width: usize,
+        gt: &[T],
+        cols: &[T],
+        c: *mut T,
+        ldc: usize,
+        beta: T,
+    ) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(packed) = self.packed_gt.as_mut() {
+            use crate::kernels::sgemm::{multiply, Init, MatB};
+            let cog = self.g.c_out_per_group();
+            let cast = |s: &[T]| {
+                // SAFETY: `packed_gt` exists only when T is f32 (see `Task::new`).
+                unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
+            };
+            packed.repack(cast(gt), cog, width, width, 1);
+            let init = if beta == T::ZERO {
+                Init::Zero
+            } else {
+                Init::Accumulate
+            };
+            let b = MatB {
+                data: cast(cols),
+                rs: 1,
+                cs: width,
+            };
+            // SAFETY: AVX-512F was detected when `packed_gt` was made; B = colsᵀ is width x
+            // rows; C per the caller's contract.
+            unsafe {
+                multiply(
+                    packed,
+                    b,
+                    rows,
+                    init,
+                    c as *mut f32,
+                    ldc,
+                    &mut self.packed_b,
+                )
+            };
+            self.stats.weight_gemms += 1;
+            return true;
+        }
+        let _ = (rows, width, gt, cols, c, ldc, beta);
+        false
+    }
+
     /// [`Task::weight_gradient`] straight into the segment's block of the final `grad_weight`
     /// (rows of its conv group, columns of its channels, row stride `C_in/groups * K`).
     fn weight_gradient_into(
@@ -834,6 +991,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             seg.conv_group * cog * cink + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
         debug_assert!(gt.len() >= cog * width && cols.len() >= rows * width);
         debug_assert!(c0 + (cog - 1) * cink + rows <= out.len);
+        // SAFETY: the block of `out` at c0 (cog rows of `rows` at stride cink) is this task's
+        // alone and inside the buffer (see below).
+        if unsafe { self.weight_gemm_avx512(rows, width, gt, cols, out.ptr.add(c0), cink, beta) } {
+            return;
+        }
         // SAFETY: C = out[c0 + o * cink + r], o < cog, r < rows, lies inside the buffer (checked
         // above) and is the block of this task's offset group's channels, which no other task
         // touches (see `WeightOut`); A = gt and B = colsᵀ as in `weight_gradient`.

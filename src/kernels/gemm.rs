@@ -94,10 +94,13 @@ impl<'a, T: Float> TileGemm<'a, T> {
             unsafe {
                 sgemm::multiply(
                     &packed[group],
-                    cast(cols),
-                    ld,
+                    sgemm::MatB {
+                        data: cast(cols),
+                        rs: ld,
+                        cs: 1,
+                    },
                     len,
-                    bias.map(cast),
+                    bias.map(cast).map_or(sgemm::Init::Zero, sgemm::Init::Bias),
                     out as *mut f32,
                     rs,
                     &mut scratch.packed_b,

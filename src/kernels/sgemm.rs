@@ -39,71 +39,138 @@ pub(crate) struct PackedA {
 impl PackedA {
     /// Packs `a` (`rows x depth`, row-major).
     pub(crate) fn pack(a: &[f32], rows: usize, depth: usize) -> Self {
-        use rayon::prelude::*;
         assert!(
             a.len() >= rows * depth,
             "packed weight shorter than rows x depth"
         );
-        let panels = rows.div_ceil(MR);
-        let mut data = vec![0.0f32; panels * depth * MR];
-        data.par_chunks_mut((depth * MR).max(1))
-            .enumerate()
-            .for_each(|(p, panel)| {
-                for i in 0..MR.min(rows - p * MR) {
-                    let row = &a[(p * MR + i) * depth..][..depth];
-                    for (r, &v) in row.iter().enumerate() {
-                        panel[r * MR + i] = v;
-                    }
-                }
-            });
-        PackedA { data, rows, depth }
+        Self::pack_strided(a, rows, depth, depth, 1)
     }
-}
 
-/// Copies rows `r0 .. r0 + kc`, columns `0 .. len` of `b` (row stride `ldb`) into panels of
-/// [`NR`] columns, `[panel][k][NR]`, zero past `len`.
-fn pack_b(b: &[f32], ldb: usize, r0: usize, kc: usize, len: usize, out: &mut Vec<f32>) {
-    let panels = len.div_ceil(NR);
-    out.clear();
-    out.resize(panels * kc * NR, 0.0);
-    for p in 0..panels {
-        let (q0, width) = (p * NR, NR.min(len - p * NR));
-        let panel = &mut out[p * kc * NR..][..kc * NR];
-        for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
-            dst[..width].copy_from_slice(&b[(r0 + k) * ldb + q0..][..width]);
+    /// Packs the `rows x depth` matrix with element `(o, r)` at `a[o * rs + r * cs]` (so a
+    /// transposed view packs without a copy).
+    pub(crate) fn pack_strided(a: &[f32], rows: usize, depth: usize, rs: usize, cs: usize) -> Self {
+        let mut packed = PackedA {
+            data: Vec::new(),
+            rows: 0,
+            depth: 0,
+        };
+        packed.repack(a, rows, depth, rs, cs);
+        packed
+    }
+
+    /// [`PackedA::pack_strided`] into this value's storage (reused across calls). Large
+    /// matrices are packed in parallel, panel by panel (the result does not depend on it).
+    pub(crate) fn repack(&mut self, a: &[f32], rows: usize, depth: usize, rs: usize, cs: usize) {
+        use rayon::prelude::*;
+        assert!(
+            rows == 0 || depth == 0 || a.len() > (rows - 1) * rs + (depth - 1) * cs,
+            "packed matrix outside its slice"
+        );
+        let panels = rows.div_ceil(MR);
+        self.data.clear();
+        self.data.resize(panels * depth * MR, 0.0);
+        (self.rows, self.depth) = (rows, depth);
+        let fill = |(p, panel): (usize, &mut [f32])| {
+            let live = MR.min(rows - p * MR);
+            let base = p * MR * rs;
+            for (r, dst) in panel.chunks_exact_mut(MR).enumerate() {
+                for (i, d) in dst.iter_mut().enumerate().take(live) {
+                    *d = a[base + i * rs + r * cs];
+                }
+            }
+        };
+        let chunk = (depth * MR).max(1);
+        if self.data.len() >= 1 << 18 {
+            self.data.par_chunks_mut(chunk).enumerate().for_each(fill);
+        } else {
+            self.data.chunks_mut(chunk).enumerate().for_each(fill);
         }
     }
 }
 
-/// `c[o * ldc + q] = bias[o] + sum_r a[o, r] * b[r * ldb + q]` for `o < a.rows()`, `q < len`
-/// (without bias the sum alone; `c` is overwritten, never read before it is written). `bp` is
-/// the caller's reusable buffer for the packed `B` block.
+/// The `B` operand: `depth x len` with element `(r, q)` at `data[r * rs + q * cs]` (a column
+/// tile has `cs = 1`; the transposed tile of the weight gradient has `rs = 1`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MatB<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// What the sums start from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Init<'a> {
+    /// `bias[o]` for row `o` (`C` is only written).
+    Bias(&'a [f32]),
+    /// Zero (`C` is only written).
+    Zero,
+    /// The values already in `C` (`C += A · B`).
+    Accumulate,
+}
+
+/// Copies rows `r0 .. r0 + kc`, columns `0 .. len` of `b` into panels of [`NR`] columns,
+/// `[panel][k][NR]`, zero past `len`.
+fn pack_b(b: MatB<'_>, r0: usize, kc: usize, len: usize, out: &mut Vec<f32>) {
+    let panels = len.div_ceil(NR);
+    // Every element is written below (values or the zero padding), so stale contents of a
+    // longer earlier block never survive.
+    out.resize(out.len().max(panels * kc * NR), 0.0);
+    for p in 0..panels {
+        let (q0, width) = (p * NR, NR.min(len - p * NR));
+        let panel = &mut out[p * kc * NR..][..kc * NR];
+        if b.cs == 1 {
+            for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                dst[..width].copy_from_slice(&b.data[(r0 + k) * b.rs + q0..][..width]);
+                dst[width..].fill(0.0);
+            }
+        } else {
+            for j in 0..NR {
+                if j < width {
+                    let col = &b.data[(q0 + j) * b.cs..];
+                    for k in 0..kc {
+                        panel[k * NR + j] = col[(r0 + k) * b.rs];
+                    }
+                } else {
+                    for k in 0..kc {
+                        panel[k * NR + j] = 0.0;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `c[o * ldc + q] = init[o, q] + sum_r a[o, r] * b[r, q]` for `o < rows`, `q < len`, with
+/// `init` the bias, zero (then `c` is never read) or `c` itself. `bp` is the caller's
+/// reusable buffer for the packed `B` block.
 ///
 /// # Safety
-/// The CPU must support AVX-512F. `b` holds `depth` rows of `len` elements at stride `ldb`;
-/// `c` addresses `a.rows()` rows of `len` writable elements at stride `ldc`, owned by the
-/// caller for the duration of the call and disjoint from `b` and `bias`.
+/// The CPU must support AVX-512F. `b` holds `a`'s depth rows of `len` columns (checked in
+/// debug builds); `c` addresses `rows` rows of `len` writable elements at stride `ldc`, owned
+/// by the caller for the duration of the call and disjoint from `b` and the bias.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn multiply(
     a: &PackedA,
-    b: &[f32],
-    ldb: usize,
+    b: MatB<'_>,
     len: usize,
-    bias: Option<&[f32]>,
+    init: Init<'_>,
     c: *mut f32,
     ldc: usize,
     bp: &mut Vec<f32>,
 ) {
     let (rows, depth) = (a.rows, a.depth);
-    debug_assert!(len == 0 || b.len() >= (depth.max(1) - 1) * ldb + len);
-    debug_assert!(bias.is_none_or(|bias| bias.len() >= rows));
+    debug_assert!(len == 0 || depth == 0 || b.data.len() > (depth - 1) * b.rs + (len - 1) * b.cs);
+    debug_assert!(!matches!(init, Init::Bias(bias) if bias.len() < rows));
     if rows == 0 || len == 0 {
         return;
     }
     if depth == 0 {
         for o in 0..rows {
-            let v = bias.map_or(0.0, |bias| bias[o]);
+            let v = match init {
+                Init::Bias(bias) => bias[o],
+                Init::Zero => 0.0,
+                Init::Accumulate => continue,
+            };
             for q in 0..len {
                 // SAFETY: o < rows, q < len: inside the caller's region.
                 unsafe { *c.add(o * ldc + q) = v };
@@ -114,18 +181,21 @@ pub(crate) unsafe fn multiply(
     let mut r0 = 0;
     while r0 < depth {
         let kc = KC.min(depth - r0);
-        pack_b(b, ldb, r0, kc, len, bp);
+        pack_b(b, r0, kc, len, bp);
         for p in 0..rows.div_ceil(MR) {
             let live = MR.min(rows - p * MR);
             let ap = &a.data[(p * depth + r0) * MR..][..kc * MR];
-            for (jp, panel) in bp.chunks_exact(kc * NR).enumerate() {
+            let start = match (r0, init) {
+                (0, Init::Bias(bias)) => Start::Bias(&bias[p * MR..][..live]),
+                (0, Init::Zero) => Start::Zero,
+                _ => Start::Load,
+            };
+            for (jp, panel) in bp[..len.div_ceil(NR) * kc * NR]
+                .chunks_exact(kc * NR)
+                .enumerate()
+            {
                 let q0 = jp * NR;
                 let width = NR.min(len - q0);
-                let start = match (r0, bias) {
-                    (0, Some(bias)) => Start::Bias(&bias[p * MR..][..live]),
-                    (0, None) => Start::Zero,
-                    _ => Start::Load,
-                };
                 // SAFETY: block rows p*MR .. + live < rows and columns q0 .. + width <= len
                 // lie in the caller's region; `ap` holds kc x MR and `panel` kc x NR values.
                 unsafe {
@@ -278,7 +348,13 @@ mod tests {
                 let mut c = vec![f32::NAN; rows * len];
                 let mut bp = Vec::new();
                 // SAFETY: AVX-512F detected; c is rows x len, b depth x len.
-                unsafe { multiply(&packed, &b, len, len, bias, c.as_mut_ptr(), len, &mut bp) };
+                let init = bias.map_or(Init::Zero, Init::Bias);
+                let mb = MatB {
+                    data: &b,
+                    rs: len,
+                    cs: 1,
+                };
+                unsafe { multiply(&packed, mb, len, init, c.as_mut_ptr(), len, &mut bp) };
                 let want = chain(&a, &b, bias, rows, depth, len);
                 assert!(
                     c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
