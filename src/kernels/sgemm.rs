@@ -363,4 +363,55 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn transposed_b_accumulates_as_one_chain() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let (rows, depth, len) = (11, 300, 70);
+        let a: Vec<f32> = (0..rows * depth)
+            .map(|i| ((i * 29 % 97) as f32 - 48.0) / 9.0)
+            .collect();
+        let b: Vec<f32> = (0..depth * len)
+            .map(|i| ((i * 31 % 83) as f32 - 41.0) / 5.0)
+            .collect();
+        // bt[q * depth + r] = b[r * len + q]: B given transposed (rs = 1, cs = depth).
+        let mut bt = vec![0.0f32; depth * len];
+        for r in 0..depth {
+            for q in 0..len {
+                bt[q * depth + r] = b[r * len + q];
+            }
+        }
+        let start: Vec<f32> = (0..rows * len).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let packed = PackedA::pack(&a, rows, depth);
+        let mut c = start.clone();
+        let mut bp = Vec::new();
+        let mb = MatB {
+            data: &bt,
+            rs: 1,
+            cs: depth,
+        };
+        // SAFETY: AVX-512F detected; c is rows x len, bt holds depth x len through (rs, cs).
+        unsafe {
+            multiply(
+                &packed,
+                mb,
+                len,
+                Init::Accumulate,
+                c.as_mut_ptr(),
+                len,
+                &mut bp,
+            )
+        };
+        for o in 0..rows {
+            for q in 0..len {
+                let mut s = start[o * len + q];
+                for r in 0..depth {
+                    s = a[o * depth + r].mul_add(b[r * len + q], s);
+                }
+                assert_eq!(c[o * len + q].to_bits(), s.to_bits(), "({o}, {q})");
+            }
+        }
+    }
 }
