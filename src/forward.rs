@@ -1,18 +1,22 @@
 //! The fast forward pass: deformable ([`deform_conv2d`]) and dense ([`conv2d`]) convolution,
 //! each also writing into a caller-provided output (`_into`).
 //!
-//! Work is split into tiles of `(image, output-pixel range)` (see `plan`), run in parallel on
-//! the caller's rayon pool. Each tile, for each conv group, fills its column tile (dense
-//! im2col, or the deformable bilinear gather) and multiplies it by the group's weight, with the
-//! bias fused into the GEMM. Every output element is written by exactly one tile, by arithmetic
-//! that depends only on the problem: results are bitwise identical for any thread count, and
-//! image `n` of a batch equals the same image computed alone.
+//! Work is split into tiles of consecutive flat output pixels `(n, y, x)` of the batch (see
+//! `plan`; small images are batched into one tile), run in parallel on the caller's rayon
+//! pool. Each tile, for each conv group, fills its column tile (dense im2col, or the
+//! deformable bilinear gather, one block per image it meets) and multiplies it by the group's
+//! weight, packed once per call, with the bias fused into the GEMM. Every output element is
+//! written by exactly one tile, by arithmetic that depends only on the problem: results are
+//! bitwise identical for any thread count, and image `n` of a batch equals the same image
+//! computed alone.
 //!
 //! **Workspace** per concurrently running tile: a column tile of
-//! `C_in/groups * kh * kw * len` elements with `len` chosen to keep it near 1 MiB (at least 16
-//! pixels: `max(1 MiB, 16 * C_in/groups * kh * kw * size_of::<T>())`), plus a sampling table of
-//! `kh * kw * len * (5 * size_of::<T>() + 16)` bytes for the deformable gather. It does not grow
-//! with the batch size. Views that are not in standard (C-contiguous) layout are first copied
+//! `C_in/groups * kh * kw * len` elements with `len` chosen to keep it near 1 MiB (at least 48
+//! pixels: `max(1 MiB, 48 * C_in/groups * kh * kw * size_of::<T>())`), a sampling table of
+//! `kh * kw * len * (5 * size_of::<T>() + 16)` bytes for the deformable gather, the GEMM's
+//! packed block (`256 * len` elements at most) and, for tiles spanning images, an output block
+//! of `C_out/groups * len` elements; once per call, the packed weight (its own size, `f32` on
+//! AVX-512). None of it grows with the batch size. Views that are not in standard (C-contiguous) layout are first copied
 //! to it, and an `_into` output that is not in standard layout is computed into a temporary
 //! of its size and then assigned.
 //!

@@ -1,5 +1,5 @@
 //! The compute kernels of the fast path: column gathers (dense im2col, deformable bilinear
-//! gather), the one GEMM call site, and the backward's sampling table (`taps`), atomic-free
+//! gather), the one GEMM call site and our AVX-512 `f32` GEMM, and the backward's sampling table (`taps`), atomic-free
 //! col2im scatter (`col2im`) and coordinate / mask gradients (`coord`).
 //!
 //! # The column tile
@@ -18,7 +18,8 @@
 //! `B` is the pixel itself or 0 in the padding). Rows are `(c', k)` in the order of the
 //! weight's `[C_out, C_in/groups, kh, kw]` layout, so the group's weight block
 //! `weight[g * C_out/groups ..][.., ..]` is a row-major `(C_out/groups) x (C_in/groups * K)`
-//! matrix and the tile's output is `weight_g · cols` (see [`gemm`]). The backward pass reuses
+//! matrix and the tile's output is `weight_g · cols` (see [`gemm`], and [`sgemm`] for the
+//! AVX-512 `f32` kernel). The backward pass reuses
 //! this tile for `grad_weight = G_tile · colsᵀ`.
 //!
 //! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
