@@ -1,6 +1,7 @@
 //! The compute kernels of the fast path: column gathers (dense im2col, deformable bilinear
-//! gather), the one GEMM call site and our AVX-512 `f32` GEMM, and the backward's sampling table (`taps`), atomic-free
-//! col2im scatter (`col2im`) and coordinate / mask gradients (`coord`).
+//! gather), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the backward's
+//! sampling table (`taps`), atomic-free col2im scatter (`col2im`) and coordinate / mask
+//! gradients (`coord`).
 //!
 //! # The column tile
 //!
