@@ -26,6 +26,7 @@
 
 use ndarray::{Array4, ArrayView1, ArrayView4, ArrayViewMut4, CowArray, Ix1, Ix4};
 use rayon::prelude::*;
+use std::sync::Mutex;
 
 use crate::convention::Convention;
 use crate::error::{Error, Result};
@@ -188,9 +189,22 @@ fn run<T: Float>(
     let shared = SharedOut(out_slice.as_mut_ptr());
     let engine = TileGemm::new(weight, geo.groups, rows, depth);
 
+    // One scratch per worker of the pool, made on first use and kept for the whole call
+    // (rayon's `for_each_init` would rebuild it for every split of the work).
+    let workers: Vec<Mutex<Option<TileScratch<T>>>> = (0..rayon::current_num_threads())
+        .map(|_| Mutex::new(None))
+        .collect();
     tiles.par_iter().for_each_init(
-        || TileScratch::<T>::new(cols_len),
-        |scratch, tile| {
+        || None::<TileScratch<T>>,
+        |local, tile| {
+            let slot = rayon::current_thread_index().and_then(|i| workers.get(i));
+            // `try_lock`: a worker only ever meets its own slot, and should a nested parallel
+            // call ever re-enter here on the same thread, it falls back to the local scratch.
+            let mut guard = slot.and_then(|m| m.try_lock().ok());
+            let scratch = match guard.as_deref_mut() {
+                Some(kept) => kept.get_or_insert_with(|| TileScratch::new(cols_len)),
+                None => local.get_or_insert_with(|| TileScratch::new(cols_len)),
+            };
             let ld = tile.len;
             let cols = &mut scratch.cols[..depth * ld];
             let single = tile.segments(pixels).nth(1).is_none();
