@@ -26,6 +26,7 @@
 
 use ndarray::{Array4, ArrayView1, ArrayView4, ArrayViewMut4, CowArray, Ix1, Ix4};
 use rayon::prelude::*;
+use std::any::TypeId;
 use std::sync::Mutex;
 
 use crate::convention::Convention;
@@ -34,6 +35,8 @@ use crate::float::Float;
 use crate::geometry::{checked_elements, try_zeros, Geometry};
 use crate::kernels::gather::SampleTable;
 use crate::kernels::gemm::{GemmScratch, TileGemm};
+use crate::kernels::lanes::{isa, Isa};
+use crate::kernels::pixel_major::PixelMajor;
 use crate::kernels::{fill_columns, Source};
 use crate::params::ConvParams;
 use crate::plan;
@@ -194,95 +197,129 @@ fn run<T: Float>(
     let workers: Vec<Mutex<Option<TileScratch<T>>>> = (0..rayon::current_num_threads())
         .map(|_| Mutex::new(None))
         .collect();
-    tiles.par_iter().for_each_init(
-        || None::<TileScratch<T>>,
-        |local, tile| {
-            let slot = rayon::current_thread_index().and_then(|i| workers.get(i));
-            // `try_lock`: a worker only ever meets its own slot, and should a nested parallel
-            // call ever re-enter here on the same thread, it falls back to the local scratch.
-            let mut guard = slot.and_then(|m| m.try_lock().ok());
-            let scratch = match guard.as_deref_mut() {
-                Some(kept) => kept.get_or_insert_with(|| TileScratch::new(cols_len)),
-                None => local.get_or_insert_with(|| TileScratch::new(cols_len)),
+    // The channel-vectorised gather (deformable, `f32`, AVX-512) reads the images pixel-major,
+    // copied a bounded chunk of images at a time; tiles are cut at chunk boundaries, which
+    // changes no bits on that path (the gather is per element and the AVX-512 GEMM's sums do
+    // not depend on the tiling). Other paths run the whole batch as one chunk.
+    let channel_gather =
+        src.offset.is_some() && TypeId::of::<T>() == TypeId::of::<f32>() && isa() == Isa::Avx512;
+    let chunk_images = if channel_gather {
+        PixelMajor::images_per_chunk(geo.c_in, geo.h * geo.w)
+    } else {
+        geo.n
+    };
+    let mut pixel_major = PixelMajor::default();
+    for first_image in (0..geo.n).step_by(chunk_images) {
+        let images_end = geo.n.min(first_image + chunk_images);
+        let images = if channel_gather {
+            // SAFETY: T is f32 (checked by `channel_gather`), so this is the same memory.
+            let input = unsafe {
+                std::slice::from_raw_parts(src.input.as_ptr() as *const f32, src.input.len())
             };
-            let ld = tile.len;
-            let cols = &mut scratch.cols[..depth * ld];
-            let single = tile.segments(pixels).nth(1).is_none();
-            for group in 0..geo.groups {
-                for seg in tile.segments(pixels) {
-                    let part = &mut cols[seg.column..];
-                    fill_columns(
-                        &src,
-                        seg.image,
-                        group,
-                        seg.start,
-                        seg.len,
-                        part,
-                        ld,
-                        &mut scratch.table,
-                    );
-                }
-                let b = bias.map(|b| &b[group * rows..][..rows]);
-                if single {
-                    let (image, start) = (tile.first / pixels, tile.first % pixels);
-                    let first = (image * geo.c_out + group * rows) * pixels + start;
-                    // Tiles partition the flat pixels and each group owns its output channels.
-                    // SAFETY: rows `group * rows ..` of image `image`, pixels `start .. + ld`
-                    // (inside the image) at stride `pixels` lie in `out_slice`, this tile's alone.
+            pixel_major.fill(
+                input,
+                first_image,
+                images_end - first_image,
+                geo.c_in,
+                geo.h * geo.w,
+            );
+            Some(&pixel_major)
+        } else {
+            None
+        };
+        let chunk_tiles = plan::clip(&tiles, first_image * pixels, images_end * pixels);
+        chunk_tiles.par_iter().for_each_init(
+            || None::<TileScratch<T>>,
+            |local, tile| {
+                let slot = rayon::current_thread_index().and_then(|i| workers.get(i));
+                // `try_lock`: a worker only ever meets its own slot, and should a nested parallel
+                // call ever re-enter here on the same thread, it falls back to the local scratch.
+                let mut guard = slot.and_then(|m| m.try_lock().ok());
+                let scratch = match guard.as_deref_mut() {
+                    Some(kept) => kept.get_or_insert_with(|| TileScratch::new(cols_len)),
+                    None => local.get_or_insert_with(|| TileScratch::new(cols_len)),
+                };
+                let ld = tile.len;
+                let cols = &mut scratch.cols[..depth * ld];
+                let single = tile.segments(pixels).nth(1).is_none();
+                for group in 0..geo.groups {
+                    for seg in tile.segments(pixels) {
+                        let part = &mut cols[seg.column..];
+                        fill_columns(
+                            &src,
+                            seg.image,
+                            group,
+                            seg.start,
+                            seg.len,
+                            part,
+                            ld,
+                            &mut scratch.table,
+                            images,
+                        );
+                    }
+                    let b = bias.map(|b| &b[group * rows..][..rows]);
+                    if single {
+                        let (image, start) = (tile.first / pixels, tile.first % pixels);
+                        let first = (image * geo.c_out + group * rows) * pixels + start;
+                        // Tiles partition the flat pixels and each group owns its output channels.
+                        // SAFETY: rows `group * rows ..` of image `image`, pixels `start .. + ld`
+                        // (inside the image) at stride `pixels` lie in `out_slice`, this tile's alone.
+                        unsafe {
+                            debug_assert!(first + (rows - 1) * pixels + ld <= out_slice_len(geo));
+                            let dst = shared.get().add(first);
+                            engine.multiply_tile(
+                                group,
+                                cols,
+                                ld,
+                                ld,
+                                b,
+                                dst,
+                                pixels,
+                                &mut scratch.gemm,
+                            );
+                        }
+                        continue;
+                    }
+                    // The tile spans images: compute into the staging block, then copy each
+                    // image's part to its place.
+                    let staging = scratch
+                        .staging
+                        .get_or_insert_with(|| vec![T::ZERO; staging_len]);
+                    let staged = &mut staging[..rows * ld];
+                    // SAFETY: `staged` is rows x ld, owned by this task, disjoint from cols/bias.
                     unsafe {
-                        debug_assert!(first + (rows - 1) * pixels + ld <= out_slice_len(geo));
-                        let dst = shared.get().add(first);
                         engine.multiply_tile(
                             group,
                             cols,
                             ld,
                             ld,
                             b,
-                            dst,
-                            pixels,
+                            staged.as_mut_ptr(),
+                            ld,
                             &mut scratch.gemm,
-                        );
-                    }
-                    continue;
-                }
-                // The tile spans images: compute into the staging block, then copy each
-                // image's part to its place.
-                let staging = scratch
-                    .staging
-                    .get_or_insert_with(|| vec![T::ZERO; staging_len]);
-                let staged = &mut staging[..rows * ld];
-                // SAFETY: `staged` is rows x ld, owned by this task, disjoint from cols/bias.
-                unsafe {
-                    engine.multiply_tile(
-                        group,
-                        cols,
-                        ld,
-                        ld,
-                        b,
-                        staged.as_mut_ptr(),
-                        ld,
-                        &mut scratch.gemm,
-                    )
-                };
-                for seg in tile.segments(pixels) {
-                    for o in 0..rows {
-                        let first = (seg.image * geo.c_out + group * rows + o) * pixels + seg.start;
-                        let src_row = &staged[o * ld + seg.column..][..seg.len];
-                        // SAFETY: channel `group * rows + o` of image `seg.image`, pixels
-                        // `seg.start .. + seg.len` belong to this tile alone (see above).
-                        unsafe {
-                            debug_assert!(first + seg.len <= out_slice_len(geo));
-                            std::ptr::copy_nonoverlapping(
-                                src_row.as_ptr(),
-                                shared.get().add(first),
-                                seg.len,
-                            );
+                        )
+                    };
+                    for seg in tile.segments(pixels) {
+                        for o in 0..rows {
+                            let first =
+                                (seg.image * geo.c_out + group * rows + o) * pixels + seg.start;
+                            let src_row = &staged[o * ld + seg.column..][..seg.len];
+                            // SAFETY: channel `group * rows + o` of image `seg.image`, pixels
+                            // `seg.start .. + seg.len` belong to this tile alone (see above).
+                            unsafe {
+                                debug_assert!(first + seg.len <= out_slice_len(geo));
+                                std::ptr::copy_nonoverlapping(
+                                    src_row.as_ptr(),
+                                    shared.get().add(first),
+                                    seg.len,
+                                );
+                            }
                         }
                     }
                 }
-            }
-        },
-    );
+            },
+        );
+    }
     Ok(())
 }
 

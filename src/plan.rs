@@ -94,6 +94,21 @@ pub(crate) fn forward_tiles(geo: &Geometry, elem_bytes: usize) -> (usize, Vec<Ti
     (len, tiles)
 }
 
+/// The parts of `tiles` inside the flat pixel range `lo .. hi`, in order (tiles straddling a
+/// bound are cut there).
+pub(crate) fn clip(tiles: &[Tile], lo: usize, hi: usize) -> Vec<Tile> {
+    tiles
+        .iter()
+        .filter_map(|t| {
+            let (first, end) = (t.first.max(lo), (t.first + t.len).min(hi));
+            (first < end).then_some(Tile {
+                first,
+                len: end - first,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

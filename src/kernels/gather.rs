@@ -3,7 +3,9 @@
 
 use std::any::TypeId;
 
+use super::channel_gather;
 use super::lanes::{self, TapRow};
+use super::pixel_major::PixelMajor;
 use super::Source;
 use crate::convention::Convention;
 use crate::float::Float;
@@ -144,16 +146,21 @@ impl<T: Float> SampleTable<T> {
         }
     }
 
+    /// The entries of tap `k` (of a table built for `len` pixels).
+    fn tap_row(&self, k: usize, len: usize, has_mask: bool) -> TapRow<'_, T> {
+        let entries = self.index.len() / 4;
+        TapRow {
+            index: [0, 1, 2, 3].map(|t| &self.index[t * entries + k * len..][..len]),
+            weight: [0, 1, 2, 3].map(|t| &self.weight[t * entries + k * len..][..len]),
+            mask: has_mask.then(|| &self.mask[k * len..(k + 1) * len]),
+        }
+    }
+
     /// `row[q] = m * sum_t weight_t * v_t` for tap `k` over `plane`, corners with no index
     /// reading 0 (so an infinite pixel outside the image cannot leak in); see
     /// [`lanes::interpolate_scalar`] for the exact order of operations.
     fn interpolate_row(&self, plane: &[T], k: usize, len: usize, has_mask: bool, row: &mut [T]) {
-        let entries = self.index.len() / 4;
-        let tap = TapRow {
-            index: [0, 1, 2, 3].map(|t| &self.index[t * entries + k * len..][..len]),
-            weight: [0, 1, 2, 3].map(|t| &self.weight[t * entries + k * len..][..len]),
-            mask: has_mask.then(|| &self.mask[k * len..(k + 1) * len]),
-        };
+        let tap = self.tap_row(k, len, has_mask);
         if TypeId::of::<T>() == TypeId::of::<f32>() {
             // SAFETY: T is f32 (same TypeId), so these are the same slices retyped.
             let (plane, row, tap) = unsafe {
@@ -184,6 +191,9 @@ impl<T: Float> SampleTable<T> {
 ///
 /// Row `r` of the tile goes to `cols[r * ld ..][..len]`. The caller guarantees
 /// `H * W <= i32::MAX`, `ld >= len` and `cols.len() >= (C_in/groups * K - 1) * ld + len`.
+///
+/// With `images` (`f32` only: the batch's images pixel-major, holding `image`) the samples
+/// are interpolated 16 channels at a time ([`super::channel_gather`]), with the same bits.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
@@ -195,6 +205,7 @@ pub(crate) fn gather_columns<T: Float>(
     cols: &mut [T],
     ld: usize,
     table: &mut SampleTable<T>,
+    images: Option<&PixelMajor>,
 ) {
     let g = src.geo;
     let taps = g.taps();
@@ -209,6 +220,28 @@ pub(crate) fn gather_columns<T: Float>(
         let og = c / per_og;
         let chunk_end = c_hi.min((og + 1) * per_og);
         table.build(src, offset, image, og, start, len);
+        if let (Some(images), Some(table), Some(cols)) =
+            (images, as_f32(table), as_f32_mut(&mut *cols))
+        {
+            for k in 0..taps {
+                let tap = table.tap_row(k, len, src.mask.is_some());
+                channel_gather::interpolate_tap(
+                    images.image(image),
+                    g.c_in,
+                    plane_len,
+                    c..chunk_end,
+                    c_lo,
+                    taps,
+                    k,
+                    &tap,
+                    len,
+                    cols,
+                    ld,
+                );
+            }
+            c = chunk_end;
+            continue;
+        }
         for ch in c..chunk_end {
             let plane = &src.input[(image * g.c_in + ch) * plane_len..][..plane_len];
             for k in 0..taps {
@@ -218,4 +251,20 @@ pub(crate) fn gather_columns<T: Float>(
         }
         c = chunk_end;
     }
+}
+
+/// The table as its `f32` self, when `T` is `f32`.
+fn as_f32<T: Float>(table: &SampleTable<T>) -> Option<&SampleTable<f32>> {
+    (TypeId::of::<T>() == TypeId::of::<f32>()).then(|| {
+        // SAFETY: T is f32 (same TypeId), so this is the same value retyped.
+        unsafe { &*(table as *const SampleTable<T> as *const SampleTable<f32>) }
+    })
+}
+
+/// The slice as `f32`, when `T` is `f32`.
+fn as_f32_mut<T: Float>(s: &mut [T]) -> Option<&mut [f32]> {
+    (TypeId::of::<T>() == TypeId::of::<f32>()).then(|| {
+        // SAFETY: T is f32 (same TypeId), so these are the same elements retyped.
+        unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut f32, s.len()) }
+    })
 }

@@ -26,6 +26,7 @@
 //! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
 //! stays near 1 MiB, independent of the batch size.
 
+pub(crate) mod channel_gather;
 pub(crate) mod col2im;
 pub(crate) mod coord;
 pub(crate) mod coord_avx512;
@@ -33,6 +34,7 @@ pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod lanes;
+pub(crate) mod pixel_major;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod sgemm;
 pub(crate) mod taps;
@@ -60,7 +62,8 @@ pub(crate) struct Source<'a, T> {
 /// `cols[r * ld ..][..len]` (`ld >= len`; see the module docs for the layout, which is the
 /// case `ld = len`), by the deformable gather when `src` has offsets and by the dense im2col
 /// otherwise. A forward tile spanning several images fills one such block per image, side by
-/// side in a buffer of row stride `ld`.
+/// side in a buffer of row stride `ld`. `images` (deformable `f32` only) holds `image`
+/// pixel-major, for the channel-vectorised gather.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fill_columns<T: crate::Float>(
     src: &Source<'_, T>,
@@ -71,11 +74,12 @@ pub(crate) fn fill_columns<T: crate::Float>(
     cols: &mut [T],
     ld: usize,
     scratch: &mut gather::SampleTable<T>,
+    images: Option<&pixel_major::PixelMajor>,
 ) {
     match src.offset {
-        Some(offset) => {
-            gather::gather_columns(src, offset, image, group, start, len, cols, ld, scratch)
-        }
+        Some(offset) => gather::gather_columns(
+            src, offset, image, group, start, len, cols, ld, scratch, images,
+        ),
         None => im2col::im2col_columns(src, image, group, start, len, cols, ld),
     }
 }
