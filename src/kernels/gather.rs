@@ -36,6 +36,9 @@ pub(crate) struct SampleTable<T> {
     index: Vec<i32>,
     weight: Vec<T>,
     mask: Vec<T>,
+    /// `y * stride_h - pad_top` and `x * stride_w - pad_left` of each pixel (vector build).
+    base_y: Vec<i32>,
+    base_x: Vec<i32>,
 }
 
 impl<T: Float> SampleTable<T> {
@@ -45,6 +48,8 @@ impl<T: Float> SampleTable<T> {
             index: Vec::new(),
             weight: Vec::new(),
             mask: Vec::new(),
+            base_y: Vec::new(),
+            base_x: Vec::new(),
         }
     }
 
@@ -62,6 +67,12 @@ impl<T: Float> SampleTable<T> {
         // One branch per table; each arm is its own monomorphic copy of the loop (a direct
         // call to an `#[inline(always)]` rule, no closure), so the torchvision loop is exactly
         // the one it was before conventions existed.
+        #[cfg(target_arch = "x86_64")]
+        if !matches!(src.convention, Convention::DcnV1)
+            && self.build_avx512(src, offset, image, og, start, len)
+        {
+            return;
+        }
         match src.convention {
             Convention::Torchvision | Convention::Mmcv => lanes::with_best_isa(
                 #[inline(always)]
@@ -72,6 +83,115 @@ impl<T: Float> SampleTable<T> {
                 || self.build_inline::<true>(src, offset, image, og, start, len),
             ),
         }
+    }
+
+    /// The table build of torchvision's (and mmcv's) rule 16 pixels at a time
+    /// ([`super::locate_avx512`]), when `T` is `f32`, the CPU has AVX-512F and every undeformed
+    /// position is below `2^30` in magnitude; returns whether it ran.
+    #[cfg(target_arch = "x86_64")]
+    fn build_avx512(
+        &mut self,
+        src: &Source<'_, T>,
+        offset: &[T],
+        image: usize,
+        og: usize,
+        start: usize,
+        len: usize,
+    ) -> bool {
+        let g = src.geo;
+        let limit = 1usize << 30;
+        let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
+            out.checked_mul(stride)
+                .and_then(|v| v.checked_add(k.checked_mul(dil)?))
+                .is_some_and(|v| v < limit && pad < limit)
+        };
+        if TypeId::of::<T>() != TypeId::of::<f32>()
+            || lanes::isa() != lanes::Isa::Avx512
+            || !reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top)
+            || !reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left)
+        {
+            return false;
+        }
+        let taps = g.taps();
+        let entries = taps * len;
+        let pixels = g.out_pixels();
+        self.index.resize(4 * entries, NO_CORNER);
+        self.weight.resize(4 * entries, T::ZERO);
+        self.base_y.resize(len, 0);
+        self.base_x.resize(len, 0);
+        let (mut y, mut x) = (start / g.w_out, start % g.w_out);
+        for q in 0..len {
+            // Below 2^30 by the check above.
+            self.base_y[q] = (y * g.stride_h) as i32 - g.pad_top as i32;
+            self.base_x[q] = (x * g.stride_w) as i32 - g.pad_left as i32;
+            x += 1;
+            if x == g.w_out {
+                (x, y) = (0, y + 1);
+            }
+        }
+        if let Some(mask) = src.mask {
+            self.mask.resize(entries, T::ONE);
+            for k in 0..taps {
+                let ch = og * taps + k;
+                let ms = &mask[((image * g.offset_groups * taps + ch) * pixels + start)..][..len];
+                self.mask[k * len..(k + 1) * len].copy_from_slice(ms);
+            }
+        }
+        // SAFETY: T is f32 (checked above), so these are the same elements retyped.
+        let (offset, weight) = unsafe {
+            (
+                std::slice::from_raw_parts(offset.as_ptr() as *const f32, offset.len()),
+                std::slice::from_raw_parts_mut(
+                    self.weight.as_mut_ptr() as *mut f32,
+                    self.weight.len(),
+                ),
+            )
+        };
+        let (i0, rest) = self.index.split_at_mut(entries);
+        let (i1, rest) = rest.split_at_mut(entries);
+        let (i2, i3) = rest.split_at_mut(entries);
+        let (w0, rest) = weight.split_at_mut(entries);
+        let (w1, rest) = rest.split_at_mut(entries);
+        let (w2, w3) = rest.split_at_mut(entries);
+        let offset_channels = 2 * g.offset_groups * taps;
+        for k in 0..taps {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let ch = og * taps + k;
+            let dys = &offset[((image * offset_channels + 2 * ch) * pixels + start)..][..len];
+            let dxs = &offset[((image * offset_channels + 2 * ch + 1) * pixels + start)..][..len];
+            let row = k * len..(k + 1) * len;
+            let out = super::locate_avx512::RowOut {
+                index: [
+                    &mut i0[row.clone()],
+                    &mut i1[row.clone()],
+                    &mut i2[row.clone()],
+                    &mut i3[row.clone()],
+                ],
+                weight: [
+                    &mut w0[row.clone()],
+                    &mut w1[row.clone()],
+                    &mut w2[row.clone()],
+                    &mut w3[row],
+                ],
+            };
+            // SAFETY: AVX-512F detected; every slice holds `len` values; bases plus tap
+            // offsets stay below 2^30 (checked above) and H * W <= i32::MAX (caller).
+            unsafe {
+                super::locate_avx512::locate_row(
+                    &self.base_y,
+                    (i * g.dil_h) as i32,
+                    dys,
+                    &self.base_x,
+                    (j * g.dil_w) as i32,
+                    dxs,
+                    g.h,
+                    g.w,
+                    len,
+                    out,
+                )
+            };
+        }
+        true
     }
 
     /// The table build under DCN v1's rule ([`locate_flat_clamped`]) if `DCN_V1`, else
@@ -267,4 +387,100 @@ fn as_f32_mut<T: Float>(s: &mut [T]) -> Option<&mut [f32]> {
         // SAFETY: T is f32 (same TypeId), so these are the same elements retyped.
         unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut f32, s.len()) }
     })
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::geometry::Geometry;
+    use crate::params::ConvParams;
+
+    /// The AVX-512 table build gives the scalar build's bits, on offsets that hit every branch
+    /// of the rule: exact integers, the `-1` and `H - 1` borders, NaN, infinities, huge values
+    /// (the scalar fallback) and ragged pixel ranges.
+    #[test]
+    fn vector_build_equals_scalar_build() {
+        if lanes::isa() != lanes::Isa::Avx512 {
+            return;
+        }
+        let specials = [
+            0.0f32,
+            -1.0,
+            1.0,
+            -0.5,
+            2.0,
+            -3.0,
+            5.999_999_5,
+            -1.000_000_1,
+            f32::NAN,
+            f32::INFINITY,
+            -1e30,
+            4_194_304.0,
+            -4_194_303.5,
+        ];
+        let mut state = 5u32;
+        let mut next = move || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            state >> 8
+        };
+        for &(h, w, k, stride, pad, dil) in
+            &[(7, 6, 3, 1, 1, 1), (9, 13, 2, 2, 0, 3), (5, 5, 3, 1, 4, 2)]
+        {
+            let params = ConvParams::default()
+                .padding(pad, pad)
+                .stride(stride, stride)
+                .dilation(dil, dil)
+                .offset_groups(2);
+            let geo = Geometry::new([1, 4, h, w], [3, 4, k, k], &params).unwrap();
+            let offset: Vec<f32> = (0..2 * 2 * k * k * geo.out_pixels())
+                .map(|_| {
+                    let r = next();
+                    if r % 3 == 0 {
+                        specials[(r as usize / 3) % specials.len()]
+                    } else {
+                        (r % 4096) as f32 / 256.0 - 8.0
+                    }
+                })
+                .collect();
+            // Exactly-integer samples on the first output row: with padding, tap row 0 sits
+            // exactly on -1 there (outside by torchvision's rule).
+            let mut offset = offset;
+            for ch in 0..2 * k * k {
+                for x in 0..geo.w_out {
+                    offset[(2 * ch) * geo.out_pixels() + x] = 0.0;
+                }
+            }
+            let mask: Vec<f32> = (0..2 * k * k * geo.out_pixels())
+                .map(|i| i as f32)
+                .collect();
+            let src = Source {
+                geo: &geo,
+                convention: Convention::Torchvision,
+                input: &[],
+                offset: Some(&offset),
+                mask: Some(&mask),
+            };
+            for (start, len) in [(0, geo.out_pixels()), (1, geo.out_pixels() - 1), (3, 5)] {
+                for og in 0..2 {
+                    let mut vector = SampleTable::<f32>::new();
+                    assert!(vector.build_avx512(&src, &offset, 0, og, start, len));
+                    let mut scalar = SampleTable::<f32>::new();
+                    scalar.build_inline::<false>(&src, &offset, 0, og, start, len);
+                    assert_eq!(
+                        vector.index, scalar.index,
+                        "indices {h}x{w} k{k} og{og} {start}+{len}"
+                    );
+                    let bits = |t: &SampleTable<f32>| {
+                        t.weight.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(
+                        bits(&vector),
+                        bits(&scalar),
+                        "weights {h}x{w} k{k} og{og} {start}+{len}"
+                    );
+                    assert_eq!(vector.mask, scalar.mask);
+                }
+            }
+        }
+    }
 }

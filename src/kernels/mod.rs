@@ -34,6 +34,8 @@ pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod lanes;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod locate_avx512;
 pub(crate) mod pixel_major;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod sgemm;
