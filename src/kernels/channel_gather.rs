@@ -106,49 +106,73 @@ mod x86 {
     ) {
         let base = image.as_ptr();
         let out = cols.as_mut_ptr();
-        let mut block = [_mm512_setzero_ps(); 16];
-        for q0 in (0..len).step_by(16) {
-            let pw = 16.min(len - q0);
-            let mut c0 = channels.start;
-            while c0 < channels.end {
-                let cw = 16.min(channels.end - c0);
-                let lanes = first_lanes(cw);
-                for (p, acc) in block.iter_mut().enumerate() {
-                    if p >= pw {
-                        *acc = _mm512_setzero_ps();
-                        continue;
-                    }
+        // stage[b * 16 + p]: channel block b of pixel p. Each pixel's corner rows are read
+        // front to back over up to 256 channels before the next pixel's (prefetch-friendly;
+        // W4 1 thread: 60.8 -> 53.5 ms against finishing one 16 x 16 block at a time).
+        const MAX_BLOCKS: usize = 16;
+        // Not initialised: only entries written for the current pixels are read back.
+        let mut stage = [std::mem::MaybeUninit::<__m512>::uninit(); MAX_BLOCKS * 16];
+        let mut part = channels.start;
+        while part < channels.end {
+            let part_end = channels.end.min(part + 16 * MAX_BLOCKS);
+            let channels = part..part_end;
+            part = part_end;
+            let blocks = (channels.end - channels.start).div_ceil(16);
+            for q0 in (0..len).step_by(16) {
+                let pw = 16.min(len - q0);
+                for p in 0..pw {
                     let q = q0 + p;
-                    let mut sum = _mm512_setzero_ps();
+                    let mut at = [0usize; 4];
+                    let mut wt = [_mm512_setzero_ps(); 4];
                     for t in 0..4 {
                         let i = tap.index[t][q];
                         let pixel = if i < 0 { zero_pixel } else { i as usize };
                         debug_assert!(pixel <= zero_pixel);
-                        // SAFETY: pixel <= zero_pixel and channels c0 .. c0 + cw <= c_in lie
-                        // in the image ((zero_pixel + 1) * c_in values, caller's contract).
-                        let v =
-                            unsafe { _mm512_maskz_loadu_ps(lanes, base.add(pixel * c_in + c0)) };
-                        let prod = _mm512_mul_ps(_mm512_set1_ps(tap.weight[t][q]), v);
-                        sum = if t == 0 {
-                            prod
-                        } else {
-                            _mm512_add_ps(sum, prod)
+                        at[t] = pixel * c_in;
+                        wt[t] = _mm512_set1_ps(tap.weight[t][q]);
+                    }
+                    let m = tap.mask.map(|m| _mm512_set1_ps(m[q]));
+                    for b in 0..blocks {
+                        let c0 = channels.start + 16 * b;
+                        let lanes = first_lanes(16.min(channels.end - c0));
+                        let mut sum = _mm512_setzero_ps();
+                        for t in 0..4 {
+                            // SAFETY: the pixel is at most zero_pixel and channels c0 .. + 16 (masked
+                            // to channels.end <= c_in) lie in the image ((zero_pixel + 1) * c_in
+                            // values, caller's contract).
+                            let v = unsafe { _mm512_maskz_loadu_ps(lanes, base.add(at[t] + c0)) };
+                            let prod = _mm512_mul_ps(wt[t], v);
+                            sum = if t == 0 {
+                                prod
+                            } else {
+                                _mm512_add_ps(sum, prod)
+                            };
+                        }
+                        if let Some(m) = m {
+                            sum = _mm512_mul_ps(m, sum);
+                        }
+                        stage[b * 16 + p].write(sum);
+                    }
+                }
+                for b in 0..blocks {
+                    let c0 = channels.start + 16 * b;
+                    let cw = 16.min(channels.end - c0);
+                    let mut block = [_mm512_setzero_ps(); 16];
+                    for (p, v) in block.iter_mut().enumerate().take(pw) {
+                        // SAFETY: entry b * 16 + p was written above for every pixel p < pw.
+                        *v = unsafe { stage[b * 16 + p].assume_init() };
+                    }
+                    // SAFETY: AVX-512F (this function's contract).
+                    unsafe { transpose16(&mut block) };
+                    for (ci, v) in block.iter().enumerate().take(cw) {
+                        let row = (c0 + ci - c_lo) * taps + k;
+                        // SAFETY: row <= (channels.end - 1 - c_lo) * taps + k and q0 + pw <= len
+                        // <= ld, so the masked lanes lie in `cols` (caller's contract).
+                        unsafe {
+                            _mm512_mask_storeu_ps(out.add(row * ld + q0), first_lanes(pw), *v)
                         };
                     }
-                    if let Some(m) = tap.mask {
-                        sum = _mm512_mul_ps(_mm512_set1_ps(m[q]), sum);
-                    }
-                    *acc = sum;
                 }
-                // SAFETY: AVX-512F (this function's contract).
-                unsafe { transpose16(&mut block) };
-                for (ci, v) in block.iter().enumerate().take(cw) {
-                    let row = (c0 + ci - c_lo) * taps + k;
-                    // SAFETY: row <= (channels.end - 1 - c_lo) * taps + k and q0 + pw <= len
-                    // <= ld, so the masked lanes lie in `cols` (caller's contract).
-                    unsafe { _mm512_mask_storeu_ps(out.add(row * ld + q0), first_lanes(pw), *v) };
-                }
-                c0 += cw;
             }
         }
     }
