@@ -1,5 +1,6 @@
 //! Forward benchmarks on the workloads of issue 3: our deformable forward, our dense conv on
-//! the same shapes, and the GEMM alone on the same matrix shape (one
+//! the same shapes, our GEMM alone on exactly the forward's tiles (`gemm`: the forward with
+//! the gathers skipped) and matrixmultiply's sgemm on the same matrix shape (`gemm_mm`: one
 //! `C_out x (C_in * k * k) x (H_out * W_out)` product per image, images in parallel), so the
 //! ratios come from one run. Throughput is reported in FLOP/s
 //! (`2 * N * C_out * C_in * k * k * H_out * W_out`).
@@ -10,13 +11,13 @@
 mod workloads;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use deformconv::{conv2d_into, deform_conv2d_into};
+use deformconv::{conv2d_gemm_only_into, conv2d_into, deform_conv2d_into};
 use ndarray::Array4;
 use rayon::prelude::*;
 use std::hint::black_box;
 use workloads::WORKLOADS;
 
-/// The GEMM alone: `out[n] = weight · cols[n]` with matrixmultiply, images in parallel.
+/// matrixmultiply's GEMM: `out[n] = weight · cols[n]`, images in parallel.
 fn gemm_alone(m: usize, k: usize, p: usize, a: &[f32], b: &[f32], c: &mut [f32]) {
     c.par_chunks_mut(m * p).for_each(|cn| {
         // SAFETY: a is m x k, b is k x p, cn is m x p, all row-major and disjoint.
@@ -81,11 +82,24 @@ fn forward(c: &mut Criterion) {
                 black_box(&out);
             })
         });
+        group.bench_function("gemm", |bch| {
+            bch.iter(|| {
+                conv2d_gemm_only_into(
+                    ops.input.view(),
+                    ops.weight.view(),
+                    ops.bias.as_ref().map(|b| b.view()),
+                    &params,
+                    out.view_mut(),
+                )
+                .unwrap();
+                black_box(&out);
+            })
+        });
         let (m, k, p) = (g.c_out, g.c_in * g.taps(), g.out_pixels());
         let a = ops.weight.as_slice().unwrap().to_vec();
         let b = vec![0.5f32; k * p];
         let mut cbuf = vec![0.0f32; g.n * m * p];
-        group.bench_function("gemm", |bch| {
+        group.bench_function("gemm_mm", |bch| {
             bch.iter(|| {
                 gemm_alone(m, k, p, &a, &b, &mut cbuf);
                 black_box(&cbuf);

@@ -142,6 +142,7 @@ fn run<T: Float>(
     weight: ArrayView4<'_, T>,
     bias: Option<ArrayView1<'_, T>>,
     mut out: ArrayViewMut4<'_, T>,
+    gemm_only: bool,
 ) -> Result<()> {
     geo.check_out("out", out.shape())?;
     if geo.n == 0 {
@@ -158,6 +159,7 @@ fn run<T: Float>(
             weight,
             bias,
             tmp.view_mut(),
+            gemm_only,
         )?;
         out.assign(&tmp);
         return Ok(());
@@ -243,7 +245,7 @@ fn run<T: Float>(
                 let cols = &mut scratch.cols[..depth * ld];
                 let single = tile.segments(pixels).nth(1).is_none();
                 for group in 0..geo.groups {
-                    for seg in tile.segments(pixels) {
+                    for seg in tile.segments(pixels).filter(|_| !gemm_only) {
                         let part = &mut cols[seg.column..];
                         fill_columns(
                             &src,
@@ -404,6 +406,7 @@ pub fn deform_conv2d<T: Float>(
         weight,
         bias,
         out.view_mut(),
+        false,
     )?;
     Ok(out)
 }
@@ -436,6 +439,7 @@ pub fn deform_conv2d_into<T: Float>(
         weight,
         bias,
         out,
+        false,
     )
 }
 
@@ -468,6 +472,7 @@ pub fn conv2d<T: Float>(
         weight,
         bias,
         out.view_mut(),
+        false,
     )?;
     Ok(out)
 }
@@ -491,5 +496,31 @@ pub fn conv2d_into<T: Float>(
         weight,
         bias,
         out,
+        false,
+    )
+}
+
+/// Our GEMMs alone, on exactly the tiles of [`conv2d_into`] with the im2col skipped (the column
+/// tiles hold zeros): the "GEMM alone" of the benchmarks, so that the cost of the gathers is
+/// their difference from the forward. Not part of the API.
+#[doc(hidden)]
+pub fn conv2d_gemm_only_into<T: Float>(
+    input: ArrayView4<'_, T>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+    out: ArrayViewMut4<'_, T>,
+) -> Result<()> {
+    let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
+    run(
+        &geo,
+        params.convention,
+        input,
+        None,
+        None,
+        weight,
+        bias,
+        out,
+        true,
     )
 }

@@ -56,6 +56,8 @@ pub use backward::{
 pub use convention::Convention;
 pub use error::{Error, Result};
 pub use float::Float;
+#[doc(hidden)]
+pub use forward::conv2d_gemm_only_into;
 pub use forward::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into};
 pub use geometry::{checked_elements, Geometry};
 pub use params::{ConvParams, Padding};
