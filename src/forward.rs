@@ -5,7 +5,9 @@
 //! `plan`; small images are batched into one tile), run in parallel on the caller's rayon
 //! pool. Each tile, for each conv group, fills its column tile (dense im2col, or the
 //! deformable bilinear gather, one block per image it meets) and multiplies it by the group's
-//! weight, packed once per call, with the bias fused into the GEMM. Every output element is
+//! weight, packed once per call, with the bias fused into the GEMM. For `f32` on AVX-512 the
+//! deformable gather runs 16 channels at a time from pixel-major copies of the images, made a
+//! bounded chunk of images at a time before that chunk's tiles run. Every output element is
 //! written by exactly one tile, by arithmetic that depends only on the problem: results are
 //! bitwise identical for any thread count, and image `n` of a batch equals the same image
 //! computed alone.
@@ -16,7 +18,9 @@
 //! `kh * kw * len * (5 * size_of::<T>() + 16)` bytes for the deformable gather, the GEMM's
 //! packed block (`256 * len` elements at most) and, for tiles spanning images, an output block
 //! of `C_out/groups * len` elements; once per call, the packed weight (its own size, `f32` on
-//! AVX-512). None of it grows with the batch size. Views that are not in standard (C-contiguous) layout are first copied
+//! AVX-512) and, for the deformable `f32` gather on AVX-512, pixel-major copies of the images
+//! being worked on, `(H*W + 1) * C_in` elements each, at most 32 MiB of them at once (or one
+//! image, if larger). None of it grows with the batch size. Views that are not in standard (C-contiguous) layout are first copied
 //! to it, and an `_into` output that is not in standard layout is computed into a temporary
 //! of its size and then assigned.
 //!

@@ -1,7 +1,9 @@
-//! The compute kernels of the fast path: column gathers (dense im2col, deformable bilinear
-//! gather), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the backward's
-//! sampling table (`taps`), atomic-free col2im scatter (`col2im`) and coordinate / mask
-//! gradients (`coord`).
+//! The compute kernels of the fast path: column gathers (dense im2col; the deformable bilinear
+//! gather, per pixel in `gather` or, for `f32` on AVX-512, 16 channels at a time from
+//! pixel-major images in `channel_gather` / `pixel_major`, with its table built by
+//! `locate_avx512`), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the
+//! backward's sampling table (`taps`), atomic-free col2im scatter (`col2im`) and coordinate /
+//! mask gradients (`coord`).
 //!
 //! # The column tile
 //!
