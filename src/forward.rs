@@ -490,18 +490,7 @@ pub fn conv2d_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
-    let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
-    run(
-        &geo,
-        params.convention,
-        input,
-        None,
-        None,
-        weight,
-        bias,
-        out,
-        false,
-    )
+    dense_into(input, weight, bias, params, out, false)
 }
 
 /// Our GEMMs alone, on exactly the tiles of [`conv2d_into`] with the im2col skipped (the column
@@ -515,16 +504,20 @@ pub fn conv2d_gemm_only_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
+    dense_into(input, weight, bias, params, out, true)
+}
+
+fn dense_into<T: Float>(
+    input: ArrayView4<'_, T>,
+    weight: ArrayView4<'_, T>,
+    bias: Option<ArrayView1<'_, T>>,
+    params: &ConvParams,
+    out: ArrayViewMut4<'_, T>,
+    gemm_only: bool,
+) -> Result<()> {
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
+    let convention = params.convention;
     run(
-        &geo,
-        params.convention,
-        input,
-        None,
-        None,
-        weight,
-        bias,
-        out,
-        true,
+        &geo, convention, input, None, None, weight, bias, out, gemm_only,
     )
 }
