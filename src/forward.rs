@@ -521,3 +521,56 @@ fn dense_into<T: Float>(
         &geo, convention, input, None, None, weight, bias, out, gemm_only,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::pixel_major::tests::BUDGET_OVERRIDE;
+    use std::sync::atomic::Ordering;
+
+    /// Pixel-major copies made one or two images at a time (tiles cut at the chunk bounds) give
+    /// the bits of the whole batch at once.
+    #[test]
+    fn chunked_pixel_major_copies_change_no_bits() {
+        let (n, c, h, w, og) = (5, 24, 9, 8, 2);
+        let params = ConvParams::default().padding(1, 1).offset_groups(og);
+        let wave = |i: usize, f: f32| ((i as f32 * f).sin() * 1.5) as f32;
+        let input = Array4::from_shape_fn((n, c, h, w), |(a, b, y, x)| {
+            wave(a * 977 + b * 89 + y * 13 + x, 0.37)
+        });
+        let offset = Array4::from_shape_fn((n, 2 * og * 9, h, w), |(a, b, y, x)| {
+            2.0 * wave(a * 631 + b * 41 + y * 7 + x, 0.91)
+        });
+        let mask = Array4::from_shape_fn((n, og * 9, h, w), |(a, b, y, x)| {
+            wave(a + b * 3 + y * 5 + x * 7, 0.11)
+        });
+        let weight = Array4::from_shape_fn((7, c, 3, 3), |(a, b, y, x)| {
+            wave(a * 31 + b * 5 + y * 3 + x, 0.53)
+        });
+        let run = || {
+            deform_conv2d(
+                input.view(),
+                offset.view(),
+                Some(mask.view()),
+                weight.view(),
+                None,
+                &params,
+            )
+            .unwrap()
+        };
+        let whole = run();
+        let image_bytes = (h * w + 1) * c * 4;
+        for budget in [1, 2 * image_bytes] {
+            BUDGET_OVERRIDE.store(budget, Ordering::Relaxed);
+            let chunked = run();
+            BUDGET_OVERRIDE.store(0, Ordering::Relaxed);
+            assert!(
+                chunked
+                    .iter()
+                    .zip(whole.iter())
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "budget {budget}"
+            );
+        }
+    }
+}

@@ -36,7 +36,14 @@ impl PixelMajor {
             .saturating_mul(channels)
             .saturating_mul(4)
             .max(1);
-        (PIXEL_MAJOR_BUDGET_BYTES / bytes).max(1)
+        #[cfg(test)]
+        let budget = match tests::BUDGET_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => PIXEL_MAJOR_BUDGET_BYTES,
+            bytes => bytes,
+        };
+        #[cfg(not(test))]
+        let budget = PIXEL_MAJOR_BUDGET_BYTES;
+        (budget / bytes).max(1)
     }
 
     /// Copies images `first .. first + count` of `input` (`[N, channels, pixels]`, C-order),
@@ -206,8 +213,13 @@ pub(crate) mod x86 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A smaller chunk budget for tests of the chunking (0: the real one). Chunking changes no
+    /// result bits, so tests running meanwhile are unaffected.
+    pub(crate) static BUDGET_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
 
     #[test]
     fn copies_are_the_transpose_with_a_zero_pixel() {
