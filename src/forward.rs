@@ -534,7 +534,7 @@ mod tests {
     fn chunked_pixel_major_copies_change_no_bits() {
         let (n, c, h, w, og) = (5, 24, 9, 8, 2);
         let params = ConvParams::default().padding(1, 1).offset_groups(og);
-        let wave = |i: usize, f: f32| ((i as f32 * f).sin() * 1.5) as f32;
+        let wave = |i: usize, f: f32| (i as f32 * f).sin() * 1.5;
         let input = Array4::from_shape_fn((n, c, h, w), |(a, b, y, x)| {
             wave(a * 977 + b * 89 + y * 13 + x, 0.37)
         });
