@@ -1,5 +1,5 @@
 //! Quick timing probe of the forward on one workload (min of several runs), for development:
-//! `cargo run --release --example fwd_probe -- W2 [dense]`.
+//! `cargo run --release --example fwd_probe -- W2 [dense|gemm]` (`ITERS=n` runs).
 #[path = "../benches/workloads/mod.rs"]
 mod workloads;
 
@@ -11,6 +11,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let name = args.first().map_or("W2", |s| s.as_str());
     let dense = args.iter().any(|a| a == "dense");
+    let gemm = args.iter().any(|a| a == "gemm");
     let wl = workloads::WORKLOADS
         .iter()
         .find(|w| w.name == name)
@@ -25,7 +26,16 @@ fn main() {
         .unwrap_or(30);
     for _ in 0..iters {
         let t = Instant::now();
-        if dense {
+        if gemm {
+            deformconv::conv2d_gemm_only_into(
+                ops.input.view(),
+                ops.weight.view(),
+                ops.bias.as_ref().map(|b| b.view()),
+                &params,
+                out.view_mut(),
+            )
+            .unwrap();
+        } else if dense {
             conv2d_into(
                 ops.input.view(),
                 ops.weight.view(),
@@ -50,7 +60,13 @@ fn main() {
     }
     println!(
         "{name} {} best {:.2} ms = {:.1} GFLOP/s",
-        if dense { "dense" } else { "deform" },
+        if gemm {
+            "gemm"
+        } else if dense {
+            "dense"
+        } else {
+            "deform"
+        },
         best * 1e3,
         wl.flops() / best / 1e9
     );
