@@ -19,8 +19,9 @@
 //! packed block (`256 * len` elements at most) and, for tiles spanning images, an output block
 //! of `C_out/groups * len` elements; once per call, the packed weight (its own size, `f32` on
 //! AVX-512) and, for the deformable `f32` gather on AVX-512, pixel-major copies of the images
-//! being worked on, `(H*W + 1) * C_in` elements each, at most 32 MiB of them at once (or one
-//! image, if larger). None of it grows with the batch size. Views that are not in standard (C-contiguous) layout are first copied
+//! being worked on, `(H*W + 1) * C_in` elements each, at most 8 MiB of them at once (images
+//! larger than that take the per-pixel gather, without copies). None of it grows with the
+//! batch size. Views that are not in standard (C-contiguous) layout are first copied
 //! to it, and an `_into` output that is not in standard layout is computed into a temporary
 //! of its size and then assigned.
 //!
@@ -207,13 +208,12 @@ fn run<T: Float>(
     // copied a bounded chunk of images at a time; tiles are cut at chunk boundaries, which
     // changes no bits on that path (the gather is per element and the AVX-512 GEMM's sums do
     // not depend on the tiling). Other paths run the whole batch as one chunk.
-    let channel_gather =
-        src.offset.is_some() && TypeId::of::<T>() == TypeId::of::<f32>() && isa() == Isa::Avx512;
-    let chunk_images = if channel_gather {
-        PixelMajor::images_per_chunk(geo.c_in, geo.h * geo.w)
-    } else {
-        geo.n
-    };
+    let per_chunk = PixelMajor::images_per_chunk(geo.c_in, geo.h * geo.w);
+    let channel_gather = src.offset.is_some()
+        && TypeId::of::<T>() == TypeId::of::<f32>()
+        && isa() == Isa::Avx512
+        && per_chunk > 0;
+    let chunk_images = if channel_gather { per_chunk } else { geo.n };
     let mut pixel_major = PixelMajor::default();
     for first_image in (0..geo.n).step_by(chunk_images) {
         let images_end = geo.n.min(first_image + chunk_images);
@@ -528,8 +528,8 @@ mod tests {
     use crate::kernels::pixel_major::tests::BUDGET_OVERRIDE;
     use std::sync::atomic::Ordering;
 
-    /// Pixel-major copies made one or two images at a time (tiles cut at the chunk bounds) give
-    /// the bits of the whole batch at once.
+    /// Pixel-major copies made one or two images at a time (tiles cut at the chunk bounds), or
+    /// none, give the bits of the whole batch at once.
     #[test]
     fn chunked_pixel_major_copies_change_no_bits() {
         let (n, c, h, w, og) = (5, 24, 9, 8, 2);
@@ -560,7 +560,8 @@ mod tests {
         };
         let whole = run();
         let image_bytes = (h * w + 1) * c * 4;
-        for budget in [1, 2 * image_bytes] {
+        // One image, two images, and less than one (the per-pixel gather) at a time.
+        for budget in [image_bytes, 2 * image_bytes, 1] {
             BUDGET_OVERRIDE.store(budget, Ordering::Relaxed);
             let chunked = run();
             BUDGET_OVERRIDE.store(0, Ordering::Relaxed);

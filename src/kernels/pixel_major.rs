@@ -4,16 +4,17 @@
 //! An NCHW image keeps each channel's plane contiguous, so the 16 channels of one bilinear
 //! corner are 16 scattered loads (a hardware gather). Pixel-major, `[H*W + 1][C_in]`, puts the
 //! channels of a pixel side by side: one corner of 16 channels is one vector load. The copy
-//! costs one pass over the input per call; it is made for a bounded number of images at a time
-//! ([`PIXEL_MAJOR_BUDGET_BYTES`]), so it does not grow with the batch.
+//! costs one pass over the input per call; it is made for as many images at a time as fit
+//! [`PIXEL_MAJOR_BUDGET_BYTES`], so it does not grow with the batch (and images larger than
+//! that are not copied at all: the forward then uses the per-pixel gather).
 //!
 //! The extra last pixel is all zeros: a corner outside the image reads it, so the gather has
 //! no branch per corner, and an infinite pixel inside the image never meets an outside corner.
 
 use rayon::prelude::*;
 
-/// Most bytes of pixel-major copies held at once (at least one image is always held).
-pub(crate) const PIXEL_MAJOR_BUDGET_BYTES: usize = 32 << 20;
+/// Most bytes of pixel-major copies held at once.
+pub(crate) const PIXEL_MAJOR_BUDGET_BYTES: usize = 8 << 20;
 
 /// Pixels per parallel work item of the copy.
 const COPY_PIXELS: usize = 256;
@@ -30,7 +31,8 @@ pub(crate) struct PixelMajor {
 }
 
 impl PixelMajor {
-    /// Images of `channels x pixels` (+1 zero pixel) per [`PIXEL_MAJOR_BUDGET_BYTES`], at least 1.
+    /// Images of `channels x pixels` (+1 zero pixel) per [`PIXEL_MAJOR_BUDGET_BYTES`]; 0 when
+    /// one image does not fit.
     pub(crate) fn images_per_chunk(channels: usize, pixels: usize) -> usize {
         let bytes = (pixels + 1)
             .saturating_mul(channels)
@@ -43,7 +45,7 @@ impl PixelMajor {
         };
         #[cfg(not(test))]
         let budget = PIXEL_MAJOR_BUDGET_BYTES;
-        (budget / bytes).max(1)
+        budget / bytes
     }
 
     /// Copies images `first .. first + count` of `input` (`[N, channels, pixels]`, C-order),
