@@ -19,7 +19,8 @@ pub(crate) enum Isa {
     Avx512,
 }
 
-/// The detected instruction set, cached after the first call.
+/// The instruction set the kernels use: the best the CPU has (capped by `DEFORMCONV_ISA`, see
+/// [`capped`]), detected once and cached.
 pub(crate) fn isa() -> Isa {
     #[cfg(target_arch = "x86_64")]
     {
@@ -29,13 +30,14 @@ pub(crate) fn isa() -> Isa {
             2 => Isa::Avx2,
             3 => Isa::Avx512,
             _ => {
-                let found = if is_x86_feature_detected!("avx512f") {
+                let detected = if is_x86_feature_detected!("avx512f") {
                     Isa::Avx512
                 } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                     Isa::Avx2
                 } else {
                     Isa::Scalar
                 };
+                let found = capped(detected);
                 let code = match found {
                     Isa::Scalar => 1,
                     Isa::Avx2 => 2,
@@ -49,6 +51,18 @@ pub(crate) fn isa() -> Isa {
     #[cfg(not(target_arch = "x86_64"))]
     {
         Isa::Scalar
+    }
+}
+
+/// `detected`, lowered to the cap named by the environment variable `DEFORMCONV_ISA`
+/// (`scalar`, `avx2`; anything else, or unset, leaves it as detected). It lets one machine
+/// run the whole test suite on every code path (CI does), and users compare paths.
+#[cfg(target_arch = "x86_64")]
+fn capped(detected: Isa) -> Isa {
+    match (std::env::var("DEFORMCONV_ISA").as_deref(), detected) {
+        (Ok("scalar"), _) => Isa::Scalar,
+        (Ok("avx2"), Isa::Avx512) => Isa::Avx2,
+        _ => detected,
     }
 }
 
