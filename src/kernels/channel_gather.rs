@@ -202,6 +202,8 @@ mod tests {
             (40, 2, 4, 6, 11, 3),
             (17, 1, 1, 5, 5, 2),
             (33, 1, 3, 4, 9, 1),
+            // More than 256 channels in one offset group: the kernel's split into parts.
+            (300, 1, 1, 4, 5, 2),
         ] {
             for convention in [Convention::Torchvision, Convention::DcnV1] {
                 let params = ConvParams::default()
