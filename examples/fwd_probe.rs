@@ -19,7 +19,10 @@ fn main() {
     let params = wl.params();
     let mut out = Array4::<f32>::zeros(wl.geometry().out_shape());
     let mut best = f64::MAX;
-    let iters: usize = std::env::var("ITERS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let iters: usize = std::env::var("ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
     for _ in 0..iters {
         let t = Instant::now();
         if dense {
