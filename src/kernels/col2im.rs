@@ -10,6 +10,7 @@
 use std::ops::Range;
 
 use crate::float::Float;
+use crate::kernels::coord_avx512::TapColumns;
 use crate::kernels::taps::Tap;
 
 /// Geometry of one scatter: the padded planes' cell count and row pitch, the tile width and the
@@ -172,6 +173,105 @@ fn scatter_dense<T: Float>(
     }
 }
 
+/// [`scatter`] with the table in column form (the same additions in the same order, so
+/// bitwise the same planes); used when the table was built straight into columns.
+#[inline(never)]
+pub(crate) fn scatter_columns<T: Float>(
+    planes: &mut [T],
+    shape: TileShape,
+    table: &TapColumns<T>,
+    gcol: &[T],
+    channels: Range<usize>,
+) {
+    use crate::kernels::lanes::{isa, Isa};
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
+        Isa::Avx2 | Isa::Avx512 => unsafe {
+            scatter_columns_avx2(planes, shape, table, gcol, channels)
+        },
+        _ => scatter_columns_body(planes, shape, table, gcol, channels),
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scatter_columns_avx2<T: Float>(
+    planes: &mut [T],
+    shape: TileShape,
+    table: &TapColumns<T>,
+    gcol: &[T],
+    channels: Range<usize>,
+) {
+    scatter_columns_body(planes, shape, table, gcol, channels)
+}
+
+#[inline(always)]
+fn scatter_columns_body<T: Float>(
+    planes: &mut [T],
+    shape: TileShape,
+    table: &TapColumns<T>,
+    gcol: &[T],
+    channels: Range<usize>,
+) {
+    let TileShape {
+        channel_stride,
+        pitch,
+        tile,
+        taps: k_taps,
+        dense: _,
+    } = shape;
+    let entries = k_taps * tile;
+    assert!(table.len() == entries && table.m.len() == entries);
+    assert!(table.weights.iter().all(|w| w.len() == entries));
+    debug_assert!(gcol.len() >= channels.len() * entries);
+    let reach = table.max_scatter + pitch + 2;
+    if channels.is_empty() {
+        return;
+    }
+    assert!(
+        (channels.end - 1) * channel_stride + reach <= planes.len(),
+        "planes too short"
+    );
+    let (first, count) = (channels.start, channels.len());
+    let [w0, w1, w2, w3] = &table.weights;
+    // Four channels per table entry, as in `scatter`.
+    let mut ci = 0;
+    while ci + LANES <= count {
+        let base = &mut planes[(first + ci) * channel_stride..];
+        let (p0, rest) = base.split_at_mut(channel_stride);
+        let (p1, rest) = rest.split_at_mut(channel_stride);
+        let (p2, rest) = rest.split_at_mut(channel_stride);
+        let p3 = &mut rest[..reach];
+        let mut lanes = [&mut p0[..reach], &mut p1[..reach], &mut p2[..reach], p3];
+        for k in 0..k_taps {
+            let rows: [&[T]; LANES] =
+                std::array::from_fn(|l| &gcol[((ci + l) * k_taps + k) * tile..][..tile]);
+            for e in k * tile..(k + 1) * tile {
+                let (q, b) = (e - k * tile, table.scatter[e] as usize);
+                let ws = [w0[e], w1[e], w2[e], w3[e]];
+                for (plane, row) in lanes.iter_mut().zip(rows) {
+                    add_corners(plane, b, pitch, row[q] * table.m[e], &ws);
+                }
+            }
+        }
+        ci += LANES;
+    }
+    for ci in ci..count {
+        let plane = &mut planes[(first + ci) * channel_stride..][..reach];
+        for k in 0..k_taps {
+            let row = &gcol[(ci * k_taps + k) * tile..][..tile];
+            for e in k * tile..(k + 1) * tile {
+                let ws = [w0[e], w1[e], w2[e], w3[e]];
+                let b = table.scatter[e] as usize;
+                add_corners(plane, b, pitch, row[e - k * tile] * table.m[e], &ws);
+            }
+        }
+    }
+}
+
 /// Channels scattered together.
 const LANES: usize = 4;
 
@@ -180,7 +280,7 @@ const LANES: usize = 4;
 fn add_corners<T: Float>(plane: &mut [T], b: usize, pitch: usize, gm: T, weights: &[T; 4]) {
     debug_assert!(b + pitch + 1 < plane.len());
     // SAFETY: every plane slice handed here is at least `reach = max_base + pitch + 2` long and
-    // b <= max_base, so b + pitch + 1 < plane.len().
+    // b <= max_base (the largest scatter base of the table), so b + pitch + 1 < plane.len().
     unsafe {
         *plane.get_unchecked_mut(b) += gm * weights[0];
         *plane.get_unchecked_mut(b + 1) += gm * weights[1];

@@ -51,7 +51,8 @@ pub(crate) struct SampleWant {
 /// For the local channels `channels` of the padded input `planes`, accumulates the offset and
 /// mask gradients and writes the columns, as in the module docs. `gcol` rows follow `cols`' and
 /// are only read when the offset or mask gradient is wanted. `columns`, the same table as
-/// columns, enables the AVX-512 loop for `f32` (bitwise the same results).
+/// columns, enables the AVX-512 loop for `f32` (bitwise the same results); `taps` is then
+/// not read and may be empty.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sample_gradients<T: Float>(
     planes: &[T],
@@ -131,7 +132,7 @@ fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
             );
             if let (Some(dy), Some(dx), Some(mask), Some(cols)) = out32 {
                 let out = SampleOut { dy, dx, mask, cols };
-                debug_assert_eq!(table.gather.len(), taps.len());
+                debug_assert_eq!(table.len(), shape.taps * shape.tile);
                 // SAFETY: AVX-512F was detected; the table was filled from `taps` (the driver
                 // refills it with every table) and the slices are those `run_body` accepts.
                 unsafe {

@@ -19,6 +19,8 @@ use crate::kernels::taps::Tap;
 pub(crate) struct TapColumns<T> {
     /// Gather base of each tap, as `i32`.
     pub gather: Vec<i32>,
+    /// Scatter base of each tap, as `i32`.
+    pub scatter: Vec<i32>,
     /// Bilinear weights, per corner.
     pub weights: [Vec<T>; 4],
     /// Row fractions.
@@ -29,33 +31,79 @@ pub(crate) struct TapColumns<T> {
     pub m: Vec<T>,
     /// `-1` where the sample counts for the bilinear value, else 0.
     pub inside: Vec<i32>,
-    /// Largest gather base.
+    /// Largest gather base (set by [`TapColumns::finish`]).
     pub max_base: usize,
+    /// Largest scatter base (set by [`TapColumns::finish`]).
+    pub max_scatter: usize,
 }
 
 impl<T: Float> TapColumns<T> {
     /// Refills the columns from `taps`; `false` (and nothing usable) if a base does not fit `i32`.
     pub(crate) fn fill(&mut self, taps: &[Tap<T>]) -> bool {
-        let max_base = taps.iter().map(|t| t.gather).max().unwrap_or(0);
+        let max_base = taps
+            .iter()
+            .map(|t| t.gather.max(t.scatter))
+            .max()
+            .unwrap_or(0);
         if max_base > (i32::MAX as usize) / 2 {
             return false;
         }
-        self.max_base = max_base;
-        self.gather.clear();
-        self.gather.extend(taps.iter().map(|t| t.gather as i32));
-        for (c, col) in self.weights.iter_mut().enumerate() {
-            col.clear();
-            col.extend(taps.iter().map(|t| t.weights[c]));
+        self.resize(taps.len());
+        for (e, t) in taps.iter().enumerate() {
+            self.set(e, t);
         }
-        self.ly.clear();
-        self.ly.extend(taps.iter().map(|t| t.ly));
-        self.lx.clear();
-        self.lx.extend(taps.iter().map(|t| t.lx));
-        self.m.clear();
-        self.m.extend(taps.iter().map(|t| t.m));
-        self.inside.clear();
-        self.inside.extend(taps.iter().map(|t| -(t.inside as i32)));
+        self.finish();
         true
+    }
+
+    /// Sizes every column to `entries` (the contents are to be overwritten).
+    pub(crate) fn resize(&mut self, entries: usize) {
+        self.gather.resize(entries, 0);
+        self.scatter.resize(entries, 0);
+        for col in &mut self.weights {
+            col.resize(entries, T::ZERO);
+        }
+        self.ly.resize(entries, T::ZERO);
+        self.lx.resize(entries, T::ZERO);
+        self.m.resize(entries, T::ZERO);
+        self.inside.resize(entries, 0);
+    }
+
+    /// Writes entry `e` from `t` (whose bases fit `i32`).
+    #[inline(always)]
+    pub(crate) fn set(&mut self, e: usize, t: &Tap<T>) {
+        debug_assert!(t.gather <= i32::MAX as usize && t.scatter <= i32::MAX as usize);
+        self.gather[e] = t.gather as i32;
+        self.scatter[e] = t.scatter as i32;
+        for (col, &w) in self.weights.iter_mut().zip(&t.weights) {
+            col[e] = w;
+        }
+        self.ly[e] = t.ly;
+        self.lx[e] = t.lx;
+        self.m[e] = t.m;
+        self.inside[e] = -(t.inside as i32);
+    }
+
+    /// Sets [`TapColumns::max_base`] and [`TapColumns::max_scatter`] once every entry is
+    /// written.
+    ///
+    /// # Panics
+    /// If a base is negative (the kernels' bounds proofs rest on `0 <= base <= max`).
+    pub(crate) fn finish(&mut self) {
+        let range = |v: &[i32]| {
+            let (lo, hi) = v
+                .iter()
+                .fold((0i32, 0i32), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            assert!(lo >= 0, "negative base in the sampling table");
+            hi as usize
+        };
+        self.max_base = range(&self.gather);
+        self.max_scatter = range(&self.scatter);
+    }
+
+    /// Entries in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.gather.len()
     }
 }
 
