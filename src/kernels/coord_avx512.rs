@@ -198,10 +198,8 @@ pub(crate) unsafe fn run<const OFFSET: bool, const MASK: bool, const COLS: bool>
                     for l in 0..lanes {
                         // Gathered lanes have 0 <= idx <= max_base, so idx + pitch + 1 < reach.
                         let p = plane[l];
-                        let v00 = _mm512_mask_i32gather_ps::<4>(zero, live, idx, p);
-                        let v01 = _mm512_mask_i32gather_ps::<4>(zero, live, idx, p.add(1));
-                        let v10 = _mm512_mask_i32gather_ps::<4>(zero, live, idx, p.add(pitch));
-                        let v11 = _mm512_mask_i32gather_ps::<4>(zero, live, idx, p.add(pitch + 1));
+                        let (v00, v01) = gather_pairs(p, idx, live);
+                        let (v10, v11) = gather_pairs(p.add(pitch), idx, live);
                         let bil = _mm512_add_ps(
                             _mm512_add_ps(
                                 _mm512_add_ps(_mm512_mul_ps(w[0], v00), _mm512_mul_ps(w[1], v01)),
@@ -250,6 +248,49 @@ pub(crate) unsafe fn run<const OFFSET: bool, const MASK: bool, const COLS: bool>
         }
         ci += lanes;
     }
+}
+
+/// `(p[idx[i]], p[idx[i] + 1])` for the live lanes `i` (0 elsewhere), as two vectors: each
+/// pair is one 64-bit element of two 8-lane gathers, split by two permutes. Measured on W1
+/// (1 thread): the backward 2.55 -> 2.25 ms against four 16-lane `f32` gathers.
+///
+/// # Safety
+/// AVX-512F; for every live lane, `p + idx[i]` and `p + idx[i] + 1` are readable `f32`s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn gather_pairs(
+    p: *const f32,
+    idx: std::arch::x86_64::__m512i,
+    live: std::arch::x86_64::__mmask16,
+) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
+    use std::arch::x86_64::*;
+    const EVEN: [i32; 16] = [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30];
+    const ODD: [i32; 16] = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31];
+    let zero = _mm512_setzero_pd();
+    let (lo_idx, hi_idx) = (
+        _mm512_castsi512_si256(idx),
+        _mm512_extracti64x4_epi64::<1>(idx),
+    );
+    // SAFETY: the caller's contract; masked-off lanes are not read. Byte offsets idx * 4.
+    let (lo, hi) = unsafe {
+        (
+            _mm512_mask_i32gather_pd::<4>(zero, live as u8, lo_idx, p as *const f64),
+            _mm512_mask_i32gather_pd::<4>(zero, (live >> 8) as u8, hi_idx, p as *const f64),
+        )
+    };
+    let (lo, hi) = (_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    // SAFETY: the index arrays hold 16 i32.
+    let (even, odd) = unsafe {
+        (
+            _mm512_loadu_si512(EVEN.as_ptr() as *const _),
+            _mm512_loadu_si512(ODD.as_ptr() as *const _),
+        )
+    };
+    (
+        _mm512_permutex2var_ps(lo, even, hi),
+        _mm512_permutex2var_ps(lo, odd, hi),
+    )
 }
 
 #[cfg(test)]
