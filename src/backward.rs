@@ -39,6 +39,7 @@
 //! Threads come from the caller's rayon pool (`ThreadPool::install`).
 
 mod driver;
+mod pool;
 
 use std::borrow::Cow;
 

@@ -37,7 +37,9 @@
 //! DCN v1's replicated planes):
 //! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~12 K P (taps)] + (R - 1) |weight|`
 //! (`+ |weight|` when the caller's `grad_weight` is not row-major); nothing grows with the batch
-//! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB.
+//! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB. The planes, column
+//! buffers and packed `grad_out` come from, and go back to, a per-thread cache kept between
+//! calls (at most 32 MiB per thread, see [`super::pool`]).
 
 use std::ops::Range;
 
@@ -50,6 +52,8 @@ use crate::geometry::Geometry;
 use crate::kernels::col2im::{scatter, scatter_columns, TileShape};
 use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant, TapColumns};
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
+
+use super::pool;
 
 /// Most output pixels in one tile (GEMM width). 512 rather than 256: the column-gradient GEMM
 /// repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward at 256 (1 thread;
@@ -541,12 +545,13 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             .max()
             .unwrap_or(0);
         let planes_len = self.plan.max_images * cpo * self.layout.len();
-        let alloc = |on: bool, len: usize| if on { vec![T::ZERO; len] } else { Vec::new() };
+        // Zeroed buffers, the large ones from this thread's cache (see `pool`).
+        let alloc = |on: bool, len: usize| if on { pool::take(len) } else { Vec::new() };
         let mut in_planes = alloc(needs.input_planes(), planes_len);
         let mut gr_planes = alloc(needs.input, planes_len);
         let mut gcol = alloc(needs.gcol(), max_rows * p);
         let mut cols = alloc(needs.weight, max_rows * p);
-        let mut gt = vec![T::ZERO; cog * p];
+        let mut gt = alloc(true, cog * p);
         let mut acc_dy = alloc(needs.offset, k_taps * p);
         let mut acc_dx = alloc(needs.offset, k_taps * p);
         let mut acc_m = alloc(needs.mask, k_taps * p);
@@ -673,6 +678,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             if needs.input {
                 self.store_input_grad(&gr_planes, group_views);
             }
+        }
+        for buf in [in_planes, gr_planes, gcol, cols, gt] {
+            pool::give(buf);
         }
         (wpart, self.stats)
     }
