@@ -136,9 +136,8 @@ fn pack_b(b: MatB<'_>, r0: usize, kc: usize, len: usize, out: &mut Vec<f32>) {
         };
         for j0 in (0..full_j).step_by(LANES) {
             for k0 in (0..full_k).step_by(LANES) {
-                let src: [&[f32]; LANES] =
-                    std::array::from_fn(|i| &b.data[(q0 + j0 + i) * b.cs + r0 + k0..][..LANES]);
-                transpose16(src, &mut panel[k0 * NR + j0..], NR);
+                let src = &b.data[(q0 + j0) * b.cs + r0 + k0..];
+                transpose16(src, b.cs, &mut panel[k0 * NR + j0..], NR);
             }
         }
         for j in 0..NR {
@@ -169,10 +168,11 @@ const fn transpose_index(bit: usize, high: bool) -> [i32; LANES] {
     idx
 }
 
-/// Writes the transpose of the 16 x 16 block whose row `i` is `src[i]` to `dst`, row `k` at
-/// `dst[k * ld ..][..16]` (exact copies: only permutes).
+/// Writes the transpose of the 16 x 16 block whose row `i` is `src[i * stride ..][..16]` to
+/// `dst`, row `k` at `dst[k * ld ..][..16]` (exact copies: only permutes).
 #[target_feature(enable = "avx512f")]
-fn transpose16(src: [&[f32]; LANES], dst: &mut [f32], ld: usize) {
+#[inline]
+fn transpose16(src: &[f32], stride: usize, dst: &mut [f32], ld: usize) {
     const IDX: [[[i32; LANES]; 2]; 4] = [
         [transpose_index(1, false), transpose_index(1, true)],
         [transpose_index(2, false), transpose_index(2, true)],
@@ -180,13 +180,13 @@ fn transpose16(src: [&[f32]; LANES], dst: &mut [f32], ld: usize) {
         [transpose_index(8, false), transpose_index(8, true)],
     ];
     assert!(dst.len() >= (LANES - 1) * ld + LANES);
-    // SAFETY: every row of `src` holds at least 16 values (sliced by the caller); the index
-    // arrays hold 16 `i32`.
+    assert!(src.len() >= (LANES - 1) * stride + LANES);
+    // SAFETY: row i ends at i * stride + 16 <= src.len() (asserted above).
     let mut r: [__m512; LANES] =
-        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src[i][..LANES].as_ptr()) });
+        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src.as_ptr().add(i * stride)) });
     for (stage, idx) in IDX.iter().enumerate() {
         let bit = 1 << stage;
-        // SAFETY: as above.
+        // SAFETY: the index arrays hold 16 `i32`.
         let (lo, hi) = unsafe {
             (
                 _mm512_loadu_si512(idx[0].as_ptr() as *const _),
