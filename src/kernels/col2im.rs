@@ -237,17 +237,16 @@ fn scatter_columns_body<T: Float>(
     );
     let (first, count) = (channels.start, channels.len());
     let [w0, w1, w2, w3] = &table.weights;
-    // Four channels per table entry, as in `scatter`.
+    // WIDE channels per table entry (each plane's cells still in `scatter`'s order).
     let mut ci = 0;
-    while ci + LANES <= count {
-        let base = &mut planes[(first + ci) * channel_stride..];
-        let (p0, rest) = base.split_at_mut(channel_stride);
-        let (p1, rest) = rest.split_at_mut(channel_stride);
-        let (p2, rest) = rest.split_at_mut(channel_stride);
-        let p3 = &mut rest[..reach];
-        let mut lanes = [&mut p0[..reach], &mut p1[..reach], &mut p2[..reach], p3];
+    while ci + WIDE <= count {
+        let mut chunks = planes[(first + ci) * channel_stride..].chunks_mut(channel_stride);
+        let mut lanes: [&mut [T]; WIDE] = std::array::from_fn(|_| match chunks.next() {
+            Some(c) => &mut c[..reach],
+            None => unreachable!("WIDE planes exist: count >= ci + WIDE"),
+        });
         for k in 0..k_taps {
-            let rows: [&[T]; LANES] =
+            let rows: [&[T]; WIDE] =
                 std::array::from_fn(|l| &gcol[((ci + l) * k_taps + k) * tile..][..tile]);
             for e in k * tile..(k + 1) * tile {
                 let (q, b) = (e - k * tile, table.scatter[e] as usize);
@@ -257,7 +256,7 @@ fn scatter_columns_body<T: Float>(
                 }
             }
         }
-        ci += LANES;
+        ci += WIDE;
     }
     for ci in ci..count {
         let plane = &mut planes[(first + ci) * channel_stride..][..reach];
@@ -274,6 +273,10 @@ fn scatter_columns_body<T: Float>(
 
 /// Channels scattered together.
 const LANES: usize = 4;
+/// Channels scattered together by [`scatter_columns`]: eight rather than four chains of
+/// dependent read-modify-writes in flight. Measured (1 thread): W4 backward -4%, W1 -3%;
+/// sixteen was slower again.
+const WIDE: usize = 8;
 
 /// `plane[b + {0, 1, pitch, pitch + 1}] += gm * weights`.
 #[inline(always)]
@@ -286,5 +289,67 @@ fn add_corners<T: Float>(plane: &mut [T], b: usize, pitch: usize, gm: T, weights
         *plane.get_unchecked_mut(b + 1) += gm * weights[1];
         *plane.get_unchecked_mut(b + pitch) += gm * weights[2];
         *plane.get_unchecked_mut(b + pitch + 1) += gm * weights[3];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::taps::PlaneLayout;
+
+    /// The column-table scatter leaves exactly the planes of the row-table scatter (11
+    /// channels: one block of eight and three single ones; NaN, outside and border samples).
+    #[test]
+    fn column_scatter_equals_row_scatter_bitwise() {
+        let layout = PlaneLayout::zero_bordered(5, 6);
+        let (k_taps, tile, channels, images) = (3usize, 29usize, 11usize, 2usize);
+        let stride = images * layout.len();
+        let mut state = 99u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32) / ((1u64 << 24) as f32)
+        };
+        let specials = [f32::NAN, -1.0, 5.0, 30.0, -0.999, 0.0];
+        let taps: Vec<Tap<f32>> = (0..k_taps * tile)
+            .map(|e| {
+                let dy = if e % 6 == 0 {
+                    specials[e / 6 % 6]
+                } else {
+                    6.0 * next() - 3.0
+                };
+                let dx = 6.0 * next() - 3.0;
+                let plane0 = (e % images) * layout.len();
+                Tap::new(
+                    layout,
+                    plane0,
+                    ((e % 5) as isize, dy),
+                    ((e % 6) as isize, dx),
+                    next(),
+                )
+            })
+            .collect();
+        let mut table = TapColumns::default();
+        assert!(table.fill(&taps));
+        let shape = TileShape {
+            channel_stride: stride,
+            pitch: layout.pitch(),
+            tile,
+            taps: k_taps,
+            dense: false,
+        };
+        let gcol: Vec<f32> = (0..channels * k_taps * tile)
+            .map(|_| next() - 0.5)
+            .collect();
+        let start: Vec<f32> = (0..channels * stride).map(|i| (i % 5) as f32).collect();
+        let (mut rows, mut cols) = (start.clone(), start);
+        scatter(&mut rows, shape, &taps, &gcol, 0..channels);
+        scatter_columns(&mut cols, shape, &table, &gcol, 0..channels);
+        let same = rows
+            .iter()
+            .zip(&cols)
+            .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
+        assert!(same);
     }
 }
