@@ -126,25 +126,28 @@ fn pack_b(b: MatB<'_>, r0: usize, kc: usize, len: usize, out: &mut Vec<f32>) {
             }
             continue;
         }
-        // Transposed B (the weight gradient's `colsᵀ`, `rs = 1`): whole 16 x 16 blocks by
-        // register transposes, the rest element by element. Measured on W4 (1 thread): the
-        // element-wise copy was 13% of the backward.
-        let (full_k, full_j) = if b.rs == 1 {
-            (kc / LANES * LANES, width / LANES * LANES)
-        } else {
-            (0, 0)
-        };
-        for j0 in (0..full_j).step_by(LANES) {
+        // Transposed B (the weight gradient's `colsᵀ`, `rs = 1`): 16 x 16 blocks by register
+        // transposes (a last block of fewer columns padded with zero rows), the last rows
+        // element by element. Measured on W4 (1 thread): the element-wise copy was 13% of the
+        // backward; on W1 the padding columns alone were a sixth of the GEMM time.
+        for dst in panel.chunks_exact_mut(NR) {
+            dst[width..].fill(0.0);
+        }
+        let full_k = if b.rs == 1 { kc / LANES * LANES } else { 0 };
+        for j0 in (0..width).step_by(LANES) {
+            let nj = LANES.min(width - j0);
+            // Columns j0 + nj .. j0 + 16 past `width` are zero padding, inside the panel: a
+            // partial block is the last one, and width <= NR - 16 when it is partial.
+            debug_assert!(nj == LANES || j0 + LANES <= NR);
             for k0 in (0..full_k).step_by(LANES) {
                 let src = &b.data[(q0 + j0) * b.cs + r0 + k0..];
-                transpose16(src, b.cs, &mut panel[k0 * NR + j0..], NR);
+                transpose16(src, b.cs, nj, &mut panel[k0 * NR + j0..], NR);
             }
-        }
-        for j in 0..NR {
-            let col = (j < width).then(|| &b.data[(q0 + j) * b.cs..]);
-            let k_from = if j < full_j { full_k } else { 0 };
-            for k in k_from..kc {
-                panel[k * NR + j] = col.map_or(0.0, |col| col[(r0 + k) * b.rs]);
+            for j in j0..j0 + nj {
+                let col = &b.data[(q0 + j) * b.cs..];
+                for k in full_k..kc {
+                    panel[k * NR + j] = col[(r0 + k) * b.rs];
+                }
             }
         }
     }
@@ -168,11 +171,12 @@ const fn transpose_index(bit: usize, high: bool) -> [i32; LANES] {
     idx
 }
 
-/// Writes the transpose of the 16 x 16 block whose row `i` is `src[i * stride ..][..16]` to
-/// `dst`, row `k` at `dst[k * ld ..][..16]` (exact copies: only permutes).
+/// Writes the transpose of the 16 x 16 block whose row `i < rows` is
+/// `src[i * stride ..][..16]` (rows past `rows` zero) to `dst`, row `k` at
+/// `dst[k * ld ..][..16]` (exact copies: only permutes).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn transpose16(src: &[f32], stride: usize, dst: &mut [f32], ld: usize) {
+fn transpose16(src: &[f32], stride: usize, rows: usize, dst: &mut [f32], ld: usize) {
     const IDX: [[[i32; LANES]; 2]; 4] = [
         [transpose_index(1, false), transpose_index(1, true)],
         [transpose_index(2, false), transpose_index(2, true)],
@@ -180,10 +184,15 @@ fn transpose16(src: &[f32], stride: usize, dst: &mut [f32], ld: usize) {
         [transpose_index(8, false), transpose_index(8, true)],
     ];
     assert!(dst.len() >= (LANES - 1) * ld + LANES);
-    assert!(src.len() >= (LANES - 1) * stride + LANES);
-    // SAFETY: row i ends at i * stride + 16 <= src.len() (asserted above).
-    let mut r: [__m512; LANES] =
-        std::array::from_fn(|i| unsafe { _mm512_loadu_ps(src.as_ptr().add(i * stride)) });
+    assert!((1..=LANES).contains(&rows) && src.len() >= (rows - 1) * stride + LANES);
+    let mut r: [__m512; LANES] = std::array::from_fn(|i| {
+        if i < rows {
+            // SAFETY: row i < rows ends at i * stride + 16 <= src.len() (asserted above).
+            unsafe { _mm512_loadu_ps(src.as_ptr().add(i * stride)) }
+        } else {
+            _mm512_setzero_ps()
+        }
+    });
     for (stage, idx) in IDX.iter().enumerate() {
         let bit = 1 << stage;
         // SAFETY: the index arrays hold 16 `i32`.
@@ -434,7 +443,13 @@ mod tests {
         if !std::arch::is_x86_feature_detected!("avx512f") {
             return;
         }
-        for (rows, depth, len) in [(11, 300, 70), (3, 16, 16), (9, 529, 145)] {
+        for (rows, depth, len) in [
+            (11, 300, 70),
+            (3, 16, 16),
+            (9, 529, 145),
+            (16, 432, 72),
+            (5, 40, 7),
+        ] {
             let a: Vec<f32> = (0..rows * depth)
                 .map(|i| ((i * 29 % 97) as f32 - 48.0) / 9.0)
                 .collect();
