@@ -819,6 +819,12 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     /// The sampling table `[k][tile column]` of the tile, under the problem's convention.
     #[inline(never)]
     fn build_taps(&self, group: &ImageGroup, tile: &[Piece], width: usize, taps: &mut Vec<Tap<T>>) {
+        if self.ops.offset.is_none()
+            && self.ops.mask.is_none()
+            && self.ops.convention == Convention::Torchvision
+        {
+            return self.build_taps_dense(group, tile, width, taps);
+        }
         // One monomorphised build per convention: torchvision's is the code it always was.
         match self.ops.convention {
             Convention::Torchvision => {
@@ -827,6 +833,42 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             Convention::Mmcv => self.build_taps_for::<MmcvRule>(group, tile, width, taps),
             Convention::DcnV1 => self.build_taps_for::<DcnV1Rule>(group, tile, width, taps),
         }
+    }
+
+    /// The dense convolution's table (zero offsets, unit mask) by integer arithmetic alone.
+    /// Measured on W1 dense (1 thread): the general build was a quarter of forward + backward.
+    fn build_taps_dense(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        let g = self.g;
+        let plane_len = self.layout.len();
+        taps.clear();
+        for k in 0..g.taps() {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let (ty, tx) = (
+                (i * g.dil_h) as isize - g.pad_top as isize,
+                (j * g.dil_w) as isize - g.pad_left as isize,
+            );
+            for pc in tile {
+                let plane0 = (pc.image - group.images.start) * plane_len;
+                let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
+                // `extend` from a range: no capacity check per entry.
+                taps.extend(pc.pixels.clone().map(|_| {
+                    let by = (y * g.stride_h) as isize + ty;
+                    let bx = (x * g.stride_w) as isize + tx;
+                    x += 1;
+                    if x == g.w_out {
+                        (y, x) = (y + 1, 0);
+                    }
+                    Tap::dense(self.layout, plane0, by, bx)
+                }));
+            }
+        }
+        debug_assert_eq!(taps.len(), g.taps() * width);
     }
 
     #[inline(always)]

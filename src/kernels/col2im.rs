@@ -159,19 +159,32 @@ fn scatter_dense<T: Float>(
         (channels.end - 1) * channel_stride + reach <= planes.len(),
         "planes too short"
     );
-    for (ci, c) in channels.enumerate() {
-        let plane = &mut planes[c * channel_stride..][..reach];
-        for k in 0..k_taps {
-            let row = &gcol[(ci * k_taps + k) * tile..][..tile];
-            let tk = &taps[k * tile..][..tile];
-            for (e, &g) in tk.iter().zip(row) {
-                debug_assert!(e.scatter < reach);
-                // SAFETY: e.scatter <= max scatter base = reach - 1 < plane.len().
-                unsafe { *plane.get_unchecked_mut(e.scatter) += g };
+    // Table entries in chunks, their cells copied out once and reused by every channel (the
+    // table rows are 12 times wider than the cells). Each plane still receives its additions
+    // in entry order. Measured on W1 dense forward + backward (1 thread), with the same
+    // change in `coord`: 2.06 -> 1.95 ms.
+    let mut cells = [0usize; CHUNK];
+    for k in 0..k_taps {
+        for q0 in (0..tile).step_by(CHUNK) {
+            let n = CHUNK.min(tile - q0);
+            for (d, e) in cells.iter_mut().zip(&taps[k * tile + q0..][..n]) {
+                *d = e.scatter;
+            }
+            for (ci, c) in channels.clone().enumerate() {
+                let plane = &mut planes[c * channel_stride..][..reach];
+                let row = &gcol[(ci * k_taps + k) * tile + q0..][..n];
+                for (&b, &g) in cells[..n].iter().zip(row) {
+                    debug_assert!(b < reach);
+                    // SAFETY: b <= max scatter base = reach - 1 < plane.len().
+                    unsafe { *plane.get_unchecked_mut(b) += g };
+                }
             }
         }
     }
 }
+
+/// Table entries per chunk of the dense loops.
+pub(crate) const CHUNK: usize = 64;
 
 /// [`scatter`] with the table in column form (the same additions in the same order, so
 /// bitwise the same planes); used when the table was built straight into columns.

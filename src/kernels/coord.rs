@@ -18,7 +18,7 @@
 use std::ops::Range;
 
 use crate::float::Float;
-use crate::kernels::col2im::TileShape;
+use crate::kernels::col2im::{TileShape, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::coord_avx512;
 pub(crate) use crate::kernels::coord_avx512::TapColumns;
@@ -204,14 +204,21 @@ fn run_body<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     let (first, count) = (channels.start, channels.len());
     let SampleOut { dy, dx, mask, cols } = out;
     if dense && COLS && !OFFSET && !MASK {
-        // Dense columns: the sample's cell itself (a border zero in the padding), im2col.
-        for ci in 0..count {
-            let plane = &planes[(first + ci) * channel_stride..][..reach];
-            for k in 0..k_taps {
-                let r0 = (ci * k_taps + k) * tile;
-                let tk = &taps[k * tile..][..tile];
-                for (q, e) in tk.iter().enumerate() {
-                    cols[r0 + q] = plane[e.gather];
+        // Dense columns: the sample's cell itself (a border zero in the padding), im2col; the
+        // table in chunks whose cells every channel reuses (as in `col2im::scatter_dense`).
+        let mut cells = [0usize; CHUNK];
+        for k in 0..k_taps {
+            for q0 in (0..tile).step_by(CHUNK) {
+                let n = CHUNK.min(tile - q0);
+                for (d, e) in cells.iter_mut().zip(&taps[k * tile + q0..][..n]) {
+                    *d = e.gather;
+                }
+                for ci in 0..count {
+                    let plane = &planes[(first + ci) * channel_stride..][..reach];
+                    let row = &mut cols[(ci * k_taps + k) * tile + q0..][..n];
+                    for (d, &b) in row.iter_mut().zip(&cells[..n]) {
+                        *d = plane[b];
+                    }
                 }
             }
         }
