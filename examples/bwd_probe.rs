@@ -15,6 +15,11 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('W'))
         .collect();
+    // ITERS: runs per measurement (min taken), e.g. large for profiling.
+    let iters: usize = std::env::var("ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
     for wl in workloads::WORKLOADS {
         if !which.is_empty() && !which.iter().any(|w| w == wl.name) {
             continue;
@@ -30,7 +35,7 @@ fn main() {
                 continue;
             }
             let mut best = f64::MAX;
-            for _ in 0..8 {
+            for _ in 0..iters {
                 let t = Instant::now();
                 if name == "fwd" {
                     let r = deform_conv2d(
@@ -77,7 +82,7 @@ fn main() {
             }
             let mut best = f64::MAX;
             let cpu0 = cpu_ms();
-            let reps = 8;
+            let reps = iters;
             for _ in 0..reps {
                 let t = Instant::now();
                 let r = deform_conv2d_backward(

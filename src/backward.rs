@@ -39,6 +39,7 @@
 //! Threads come from the caller's rayon pool (`ThreadPool::install`).
 
 mod driver;
+mod pool;
 
 use std::borrow::Cow;
 
@@ -354,19 +355,38 @@ fn split_per_image_group<T>(
     out
 }
 
-/// `grad_bias[o] = sum_{n, y, x} G[n, o, y, x]`, each sum in (n, y, x) order.
+/// `grad_bias[o] = sum_{n, y, x} G[n, o, y, x]`, in the fixed order described inside.
 fn grad_bias_into<T: Float>(g: &Geometry, grad_out: &[T], mut out: ArrayViewMut1<'_, T>) {
+    const LANES: usize = 16;
     let hw = g.out_pixels();
     let sums: Vec<T> = (0..g.c_out)
         .into_par_iter()
         .map(|o| {
-            let mut acc = T::ZERO;
+            // Sixteen running sums (element i of a plane into sum i mod 16, planes in image
+            // order), added pairwise at the end: a fixed order, so the same bits for any
+            // thread count, and no single chain of N H_out W_out dependent additions (W1:
+            // 9216 per channel; the 2-thread backward 0.98 -> 0.95 ms, min of 100).
+            let mut acc = [T::ZERO; LANES];
             for n in 0..g.n {
-                for &v in &grad_out[(n * g.c_out + o) * hw..][..hw] {
-                    acc += v;
+                let plane = &grad_out[(n * g.c_out + o) * hw..][..hw];
+                let mut chunks = plane.chunks_exact(LANES);
+                for c in &mut chunks {
+                    for (a, &v) in acc.iter_mut().zip(c) {
+                        *a += v;
+                    }
+                }
+                for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+                    *a += v;
                 }
             }
-            acc
+            let mut width = LANES;
+            while width > 1 {
+                width /= 2;
+                for i in 0..width {
+                    acc[i] += acc[i + width];
+                }
+            }
+            acc[0]
         })
         .collect();
     for (d, s) in out.iter_mut().zip(sums) {

@@ -37,7 +37,9 @@
 //! DCN v1's replicated planes):
 //! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~12 K P (taps)] + (R - 1) |weight|`
 //! (`+ |weight|` when the caller's `grad_weight` is not row-major); nothing grows with the batch
-//! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB.
+//! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB. The planes, column
+//! buffers and packed `grad_out` come from, and go back to, a per-thread cache kept between
+//! calls (at most 32 MiB per thread, see [`super::pool`]).
 
 use std::ops::Range;
 
@@ -47,9 +49,11 @@ use rayon::prelude::*;
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::geometry::Geometry;
-use crate::kernels::col2im::{scatter, TileShape};
+use crate::kernels::col2im::{scatter, scatter_columns, TileShape};
 use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant, TapColumns};
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
+
+use super::pool;
 
 /// Most output pixels in one tile (GEMM width). 512 rather than 256: the column-gradient GEMM
 /// repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward at 256 (1 thread;
@@ -541,12 +545,13 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             .max()
             .unwrap_or(0);
         let planes_len = self.plan.max_images * cpo * self.layout.len();
-        let alloc = |on: bool, len: usize| if on { vec![T::ZERO; len] } else { Vec::new() };
+        // Zeroed buffers, the large ones from this thread's cache (see `pool`).
+        let alloc = |on: bool, len: usize| if on { pool::take(len) } else { Vec::new() };
         let mut in_planes = alloc(needs.input_planes(), planes_len);
         let mut gr_planes = alloc(needs.input, planes_len);
         let mut gcol = alloc(needs.gcol(), max_rows * p);
         let mut cols = alloc(needs.weight, max_rows * p);
-        let mut gt = vec![T::ZERO; cog * p];
+        let mut gt = alloc(true, cog * p);
         let mut acc_dy = alloc(needs.offset, k_taps * p);
         let mut acc_dx = alloc(needs.offset, k_taps * p);
         let mut acc_m = alloc(needs.mask, k_taps * p);
@@ -562,7 +567,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             && needs.input_planes()
             && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
             && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
+        // Torchvision f32 tables are built straight into columns by AVX-512 and every kernel
+        // reads the columns (the row table is not built at all).
+        let direct = self.direct_columns(dense);
         let mut columns = TapColumns::<T>::default();
+        let mut pixel_bases = (Vec::new(), Vec::new());
         self.stats.grad_plane_elems += gr_planes.len();
         self.stats.col_elems += gcol.len() + cols.len();
         self.stats.weight_part_elems += wpart.len();
@@ -590,8 +599,13 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     taps: k_taps,
                     dense,
                 };
-                self.build_taps(group, tile, width, &mut taps);
-                let have_columns = simd_columns && columns.fill(&taps);
+                let have_columns = if direct {
+                    self.build_columns(group, tile, width, &mut columns, &mut pixel_bases);
+                    true
+                } else {
+                    self.build_taps(group, tile, width, &mut taps);
+                    simd_columns && columns.fill(&taps)
+                };
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -611,7 +625,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         self.column_gradient(si, seg, width, &gt, &mut gcol[..rows * width]);
                     }
                     if needs.input {
-                        scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
+                        if direct {
+                            scatter_columns(&mut gr_planes, shape, &columns, &gcol, local.clone());
+                        } else {
+                            scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
+                        }
                         self.stats.scatters += 1;
                     }
                     if needs.input_planes() {
@@ -661,6 +679,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 self.store_input_grad(&gr_planes, group_views);
             }
         }
+        for buf in [in_planes, gr_planes, gcol, cols, gt] {
+            pool::give(buf);
+        }
         (wpart, self.stats)
     }
 
@@ -678,10 +699,18 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 let plane = &mut planes[(c * self.plan.max_images + j) * l.len()..][..l.len()];
                 let src = input.index_axis(ndarray::Axis(0), n);
                 let src = src.index_axis(ndarray::Axis(0), self.og * cpo + c);
-                for (r, row) in src.outer_iter().enumerate() {
-                    let dst = &mut plane[l.index(r as isize, 0)..][..l.w];
-                    for (d, &s) in dst.iter_mut().zip(row.iter()) {
-                        *d = s;
+                if let Some(src) = src.as_slice() {
+                    // A standard-layout plane: one slice copy per row (W1: the element-wise
+                    // copy through ndarray iterators was 3-4% of the backward).
+                    for (r, row) in src.chunks_exact(l.w.max(1)).enumerate().take(l.h) {
+                        plane[l.index(r as isize, 0)..][..l.w].copy_from_slice(row);
+                    }
+                } else {
+                    for (r, row) in src.outer_iter().enumerate() {
+                        let dst = &mut plane[l.index(r as isize, 0)..][..l.w];
+                        for (d, &s) in dst.iter_mut().zip(row.iter()) {
+                            *d = s;
+                        }
                     }
                 }
                 l.replicate_border(plane);
@@ -690,9 +719,112 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         }
     }
 
+    /// Whether the tile tables are built straight into columns ([`Task::build_columns`]):
+    /// torchvision, `f32`, AVX-512, deformable, and every base coordinate and plane cell far
+    /// inside `i32`. Measured on W1 (1 thread): the row table build and its column copy were
+    /// a third of the backward.
+    fn direct_columns(&self, dense: bool) -> bool {
+        use crate::kernels::taps_avx512::LIMIT;
+        let g = self.g;
+        let reach_y = g.h_out * g.stride_h + g.kh * g.dil_h + g.pad_top;
+        let reach_x = g.w_out * g.stride_w + g.kw * g.dil_w + g.pad_left;
+        cfg!(target_arch = "x86_64")
+            && !dense
+            && self.ops.offset.is_some()
+            && self.ops.convention == Convention::Torchvision
+            && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
+            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+            && reach_y < LIMIT
+            && reach_x < LIMIT
+            && (self.plan.max_images + 1) * self.layout.len() < LIMIT
+    }
+
+    /// The tile's table `[k][tile column]` built straight into `columns` (see
+    /// [`crate::kernels::taps_avx512`]); `bases` is scratch for the pixels' base coordinates.
+    #[inline(never)]
+    fn build_columns(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        columns: &mut TapColumns<T>,
+        bases: &mut (Vec<i32>, Vec<i32>),
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::taps_avx512::{fill_run, Run};
+            let g = self.g;
+            let k_taps = g.taps();
+            let hw = g.out_pixels();
+            let (base_y, base_x) = bases;
+            base_y.clear();
+            base_x.clear();
+            for pc in tile {
+                // Row-major pixels, walked without a division per pixel.
+                let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
+                for _ in pc.pixels.clone() {
+                    // In range: checked by `direct_columns`.
+                    base_y.push((y * g.stride_h) as i32 - g.pad_top as i32);
+                    base_x.push((x * g.stride_w) as i32 - g.pad_left as i32);
+                    x += 1;
+                    if x == g.w_out {
+                        (y, x) = (y + 1, 0);
+                    }
+                }
+            }
+            debug_assert_eq!(base_y.len(), width);
+            let f32s = |s: &[T]| {
+                debug_assert!(std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>());
+                // SAFETY: direct columns are used only when T is f32 (`direct_columns`).
+                unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
+            };
+            // SAFETY: as above, TapColumns<T> is TapColumns<f32>.
+            let cols = unsafe { &mut *(columns as *mut TapColumns<T> as *mut TapColumns<f32>) };
+            cols.resize(k_taps * width);
+            let Some(off) = self.ops.offset.map(f32s) else {
+                debug_assert!(false, "direct columns need offsets");
+                return;
+            };
+            let mask = self.ops.mask.map(f32s);
+            let oc = 2 * g.offset_groups * k_taps;
+            let mc = g.offset_groups * k_taps;
+            for k in 0..k_taps {
+                let (i, j) = (k / g.kw, k % g.kw);
+                let ch = self.og * k_taps + k;
+                for pc in tile {
+                    let (n, px) = (pc.image, pc.pixels.clone());
+                    let cols_of = pc.col0..pc.col0 + px.len();
+                    let dy0 = (n * oc + 2 * ch) * hw;
+                    let run = Run {
+                        at: k * width + pc.col0,
+                        base_y: &base_y[cols_of.clone()],
+                        base_x: &base_x[cols_of],
+                        tap_y: (i * g.dil_h) as i32,
+                        tap_x: (j * g.dil_w) as i32,
+                        dy: &off[dy0 + px.start..dy0 + px.end],
+                        dx: &off[dy0 + hw + px.start..dy0 + hw + px.end],
+                        m: mask.map(|m| &m[(n * mc + ch) * hw + px.start..][..px.len()]),
+                        plane0: (n - group.images.start) * self.layout.len(),
+                    };
+                    // SAFETY: AVX-512F was detected (`direct_columns`).
+                    unsafe { fill_run(cols, self.layout, &run) };
+                }
+            }
+            cols.finish();
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (group, tile, width, columns, bases);
+    }
+
     /// The sampling table `[k][tile column]` of the tile, under the problem's convention.
     #[inline(never)]
     fn build_taps(&self, group: &ImageGroup, tile: &[Piece], width: usize, taps: &mut Vec<Tap<T>>) {
+        if self.ops.offset.is_none()
+            && self.ops.mask.is_none()
+            && self.ops.convention == Convention::Torchvision
+        {
+            return self.build_taps_dense(group, tile, width, taps);
+        }
         // One monomorphised build per convention: torchvision's is the code it always was.
         match self.ops.convention {
             Convention::Torchvision => {
@@ -701,6 +833,42 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             Convention::Mmcv => self.build_taps_for::<MmcvRule>(group, tile, width, taps),
             Convention::DcnV1 => self.build_taps_for::<DcnV1Rule>(group, tile, width, taps),
         }
+    }
+
+    /// The dense convolution's table (zero offsets, unit mask) by integer arithmetic alone.
+    /// Measured on W1 dense (1 thread): the general build was a quarter of forward + backward.
+    fn build_taps_dense(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        let g = self.g;
+        let plane_len = self.layout.len();
+        taps.clear();
+        for k in 0..g.taps() {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let (ty, tx) = (
+                (i * g.dil_h) as isize - g.pad_top as isize,
+                (j * g.dil_w) as isize - g.pad_left as isize,
+            );
+            for pc in tile {
+                let plane0 = (pc.image - group.images.start) * plane_len;
+                let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
+                // `extend` from a range: no capacity check per entry.
+                taps.extend(pc.pixels.clone().map(|_| {
+                    let by = (y * g.stride_h) as isize + ty;
+                    let bx = (x * g.stride_w) as isize + tx;
+                    x += 1;
+                    if x == g.w_out {
+                        (y, x) = (y + 1, 0);
+                    }
+                    Tap::dense(self.layout, plane0, by, bx)
+                }));
+            }
+        }
+        debug_assert_eq!(taps.len(), g.taps() * width);
     }
 
     #[inline(always)]
@@ -1074,6 +1242,12 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             for c in 0..cpo {
                 let plane = &planes[(c * self.plan.max_images + j) * l.len()..][..l.len()];
                 let mut dst = view.index_axis_mut(ndarray::Axis(0), c);
+                if let Some(dst) = dst.as_slice_mut() {
+                    for (r, row) in dst.chunks_exact_mut(l.w.max(1)).enumerate().take(l.h) {
+                        row.copy_from_slice(&plane[l.index(r as isize, 0)..][..l.w]);
+                    }
+                    continue;
+                }
                 for (r, mut row) in dst.outer_iter_mut().enumerate() {
                     let src = &plane[l.index(r as isize, 0)..][..l.w];
                     for (d, &s) in row.iter_mut().zip(src) {

@@ -18,7 +18,7 @@
 use std::ops::Range;
 
 use crate::float::Float;
-use crate::kernels::col2im::TileShape;
+use crate::kernels::col2im::{TileShape, CHUNK};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::coord_avx512;
 pub(crate) use crate::kernels::coord_avx512::TapColumns;
@@ -51,7 +51,8 @@ pub(crate) struct SampleWant {
 /// For the local channels `channels` of the padded input `planes`, accumulates the offset and
 /// mask gradients and writes the columns, as in the module docs. `gcol` rows follow `cols`' and
 /// are only read when the offset or mask gradient is wanted. `columns`, the same table as
-/// columns, enables the AVX-512 loop for `f32` (bitwise the same results).
+/// columns, enables the AVX-512 loop for `f32` (bitwise the same results); `taps` is then
+/// not read and may be empty.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sample_gradients<T: Float>(
     planes: &[T],
@@ -131,7 +132,7 @@ fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
             );
             if let (Some(dy), Some(dx), Some(mask), Some(cols)) = out32 {
                 let out = SampleOut { dy, dx, mask, cols };
-                debug_assert_eq!(table.gather.len(), taps.len());
+                debug_assert_eq!(table.len(), shape.taps * shape.tile);
                 // SAFETY: AVX-512F was detected; the table was filled from `taps` (the driver
                 // refills it with every table) and the slices are those `run_body` accepts.
                 unsafe {
@@ -203,14 +204,21 @@ fn run_body<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     let (first, count) = (channels.start, channels.len());
     let SampleOut { dy, dx, mask, cols } = out;
     if dense && COLS && !OFFSET && !MASK {
-        // Dense columns: the sample's cell itself (a border zero in the padding), im2col.
-        for ci in 0..count {
-            let plane = &planes[(first + ci) * channel_stride..][..reach];
-            for k in 0..k_taps {
-                let r0 = (ci * k_taps + k) * tile;
-                let tk = &taps[k * tile..][..tile];
-                for (q, e) in tk.iter().enumerate() {
-                    cols[r0 + q] = plane[e.gather];
+        // Dense columns: the sample's cell itself (a border zero in the padding), im2col; the
+        // table in chunks whose cells every channel reuses (as in `col2im::scatter_dense`).
+        let mut cells = [0usize; CHUNK];
+        for k in 0..k_taps {
+            for q0 in (0..tile).step_by(CHUNK) {
+                let n = CHUNK.min(tile - q0);
+                for (d, e) in cells.iter_mut().zip(&taps[k * tile + q0..][..n]) {
+                    *d = e.gather;
+                }
+                for ci in 0..count {
+                    let plane = &planes[(first + ci) * channel_stride..][..reach];
+                    let row = &mut cols[(ci * k_taps + k) * tile + q0..][..n];
+                    for (d, &b) in row.iter_mut().zip(&cells[..n]) {
+                        *d = plane[b];
+                    }
                 }
             }
         }

@@ -42,6 +42,7 @@ pub(crate) mod pixel_major;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod sgemm;
 pub(crate) mod taps;
+pub(crate) mod taps_avx512;
 
 use crate::convention::Convention;
 use crate::geometry::Geometry;

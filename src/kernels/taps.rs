@@ -193,6 +193,33 @@ impl<T: Float> Tap<T> {
         }
     }
 
+    /// The torchvision entry of the sample at the integer position `(base_y, base_x)` with a
+    /// unit mask: [`Tap::with_rule`] for [`TorchvisionRule`], zero offsets and `m = 1`, by
+    /// integer compares alone (the dense convolution's table; a unit test pins the two).
+    #[inline(always)]
+    pub fn dense(layout: PlaneLayout, plane0: usize, base_y: isize, base_x: isize) -> Self {
+        debug_assert!(!layout.is_replicated());
+        let (hi, wi) = (layout.h as isize, layout.w as isize);
+        let inside = base_y >= 0 && base_y < hi && base_x >= 0 && base_x < wi;
+        let addressable = base_y >= -1 && base_y < hi && base_x >= -1 && base_x < wi;
+        let zero = plane0 + layout.zero_base();
+        let cell = plane0 + layout.index(base_y.clamp(-1, hi), base_x.clamp(-1, wi));
+        Tap {
+            gather: if addressable { cell } else { zero },
+            scatter: if inside { cell } else { zero },
+            weights: [
+                if inside { T::ONE } else { T::ZERO },
+                T::ZERO,
+                T::ZERO,
+                T::ZERO,
+            ],
+            ly: T::ZERO,
+            lx: T::ZERO,
+            m: T::ONE,
+            inside,
+        }
+    }
+
     /// Whether the straight-line builds apply: both offsets below `2^22` in magnitude (so not
     /// NaN).
     #[inline(always)]
@@ -401,6 +428,20 @@ mod tests {
                         let b = Tap::by_rule::<R>(l, 7, (by, fy), (bx, fx), 0.5f32);
                         assert!(same(&a, &b), "f32 ({by}+{dy}, {bx}+{dx})");
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dense_entry_equals_the_torchvision_entry_with_zero_offsets() {
+        for (h, w) in [(4usize, 3usize), (1, 1), (0, 2)] {
+            let l = PlaneLayout::zero_bordered(h, w);
+            for by in -4..7isize {
+                for bx in -4..6isize {
+                    let a = Tap::dense(l, 5, by, bx);
+                    let b = Tap::new(l, 5, (by, 0.0f32), (bx, 0.0), 1.0);
+                    assert!(same(&a, &b), "({by}, {bx}) in {h}x{w}");
                 }
             }
         }
