@@ -119,17 +119,30 @@ fn main() {
         let first_bwd = peak_during(&mut backward);
         let fwd = peak_during(&mut forward);
         let bwd = peak_during(&mut backward);
+        let operands = (ops.input.len()
+            + ops.offset.len()
+            + ops.mask.as_ref().map_or(0, |m| m.len())
+            + ops.weight.len()
+            + ops.bias.as_ref().map_or(0, |b| b.len())
+            + grad_out.len()
+            + out.len()
+            + gi.len()
+            + go.len()
+            + gm.len()
+            + gw.len()
+            + gb.len())
+            * 4;
+        let held = LIVE.load(Ordering::Relaxed) - operands;
+        deformconv::release_cached_scratch();
+        let after = LIVE.load(Ordering::Relaxed) - operands;
         println!(
-            "N = {n:3}: forward {:7.1} MiB (first call {:7.1}), full backward {:7.1} MiB (first call {:7.1}); still held between calls {:7.1} MiB",
+            "N = {n:3}: forward {:6.1} MiB (first call {:6.1}), full backward {:6.1} MiB (first call {:6.1}); held between calls {:6.1} MiB, {:6.1} MiB after release_cached_scratch",
             mib(fwd),
             mib(first_fwd),
             mib(bwd),
             mib(first_bwd),
-            mib(LIVE.load(Ordering::Relaxed)
-                - (ops.input.len() + ops.offset.len() + ops.mask.as_ref().map_or(0, |m| m.len()) + ops.weight.len()
-                    + ops.bias.as_ref().map_or(0, |b| b.len()) + grad_out.len() + out.len() + gi.len() + go.len()
-                    + gm.len() + gw.len() + gb.len())
-                    * 4),
+            mib(held),
+            mib(after),
         );
     }
 }

@@ -34,7 +34,12 @@
 //! one image group, a column tile and a column-gradient tile of at most 512 pixels, a packed
 //! `grad_out` tile and the tile's sampling table; plus, for `grad_weight`, at most `R - 1 <= 3`
 //! weight-sized partials (one more if the caller's `grad_weight` view is not row-major). None of
-//! it grows with the batch size. On W4 (f32, 2 threads) the full backward takes about 42 MB.
+//! it grows with the batch size. On W4 (f32, 2 threads) the full backward peaks at about
+//! 48 MiB of extra heap (`examples/workspace_probe.rs` measures it).
+//!
+//! **Kept between calls.** To spare the page faults of fresh multi-megabyte buffers (8% of W4),
+//! each thread keeps up to 32 MiB of the backward's scratch for the next call (W4, 2 threads:
+//! 36 MiB in all); [`release_cached_scratch`] frees it.
 //!
 //! Threads come from the caller's rayon pool (`ThreadPool::install`).
 
@@ -803,6 +808,13 @@ pub fn conv2d_grad_weight_into<T: Float>(
         ..GradsMut::default()
     };
     p.solve_checked(out).map(|_| ())
+}
+
+/// Frees the scratch buffers the backward keeps between calls (at most 32 MiB per thread) on
+/// every thread of the current rayon pool and on the calling thread. Call it from inside
+/// `ThreadPool::install` for a pool of your own. The next backward allocates them again.
+pub fn release_cached_scratch() {
+    pool::clear_all();
 }
 
 #[cfg(test)]

@@ -51,7 +51,8 @@ pub use backward::{
     deform_conv2d_backward_into, deform_conv2d_grad_bias, deform_conv2d_grad_bias_into,
     deform_conv2d_grad_input, deform_conv2d_grad_input_into, deform_conv2d_grad_mask,
     deform_conv2d_grad_mask_into, deform_conv2d_grad_offset, deform_conv2d_grad_offset_into,
-    deform_conv2d_grad_weight, deform_conv2d_grad_weight_into, Grads, GradsMut, Want,
+    deform_conv2d_grad_weight, deform_conv2d_grad_weight_into, release_cached_scratch, Grads,
+    GradsMut, Want,
 };
 pub use convention::Convention;
 pub use error::{Error, Result};

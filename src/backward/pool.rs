@@ -70,6 +70,21 @@ pub(crate) fn give<T: Float + 'static>(v: Vec<T>) {
     });
 }
 
+/// Frees this thread's cached buffers.
+pub(crate) fn clear() {
+    POOL.with(|pool| {
+        let (bufs, bytes) = &mut *pool.borrow_mut();
+        bufs.clear();
+        *bytes = 0;
+    });
+}
+
+/// Frees the cached buffers of every thread of the current rayon pool and of the caller.
+pub(crate) fn clear_all() {
+    rayon::broadcast(|_| clear());
+    clear();
+}
+
 /// Capacity in bytes of a cached buffer.
 fn buffer_bytes(b: &dyn Any) -> usize {
     if let Some(v) = b.downcast_ref::<Vec<f32>>() {
@@ -108,6 +123,11 @@ mod tests {
                 *bytes,
                 bufs.iter().map(|b| buffer_bytes(&**b)).sum::<usize>()
             );
+        });
+        clear_all();
+        POOL.with(|p| {
+            let (bufs, bytes) = &*p.borrow();
+            assert!(bufs.is_empty() && *bytes == 0);
         });
     }
 }
