@@ -81,6 +81,7 @@ fn main() {
                 continue;
             }
             let mut best = f64::MAX;
+            let mut times = Vec::new();
             let cpu0 = cpu_ms();
             let reps = iters;
             for _ in 0..reps {
@@ -97,12 +98,15 @@ fn main() {
                 .unwrap();
                 std::hint::black_box(r);
                 best = best.min(t.elapsed().as_secs_f64());
+                times.push(t.elapsed().as_secs_f64());
             }
             let cpu = (cpu_ms() - cpu0) / reps as f64;
+            times.sort_by(f64::total_cmp);
             println!(
-                "{} {name}: wall min {:.2} ms, cpu {:.1} ms/run",
+                "{} {name}: wall min {:.2} ms, median {:.2} ms, cpu {:.1} ms/run",
                 wl.name,
                 best * 1e3,
+                times[times.len() / 2] * 1e3,
                 cpu
             );
         }

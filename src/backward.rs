@@ -37,14 +37,14 @@
 //! it grows with the batch size. On W4 (f32, 2 threads) the full backward peaks at about
 //! 48 MiB of extra heap (`examples/workspace_probe.rs` measures it).
 //!
-//! **Kept between calls.** To spare the page faults of fresh multi-megabyte buffers (8% of W4),
-//! each thread keeps up to 32 MiB of the backward's scratch for the next call (W4, 2 threads:
-//! 36 MiB in all); [`release_cached_scratch`] frees it.
+//! **Kept between calls.** To spare the page faults of fresh multi-megabyte buffers, each
+//! thread keeps up to 32 MiB of scratch (tiles, planes, packed weights; the forward's too) for
+//! the next call (W4, 2 threads: about 43 MiB in all; W2: 29 MiB); [`release_cached_scratch`]
+//! frees it.
 //!
 //! Threads come from the caller's rayon pool (`ThreadPool::install`).
 
 mod driver;
-mod pool;
 
 use std::borrow::Cow;
 
@@ -814,7 +814,7 @@ pub fn conv2d_grad_weight_into<T: Float>(
 /// every thread of the current rayon pool and on the calling thread. Call it from inside
 /// `ThreadPool::install` for a pool of your own. The next backward allocates them again.
 pub fn release_cached_scratch() {
-    pool::clear_all();
+    crate::scratch::clear_all();
 }
 
 #[cfg(test)]

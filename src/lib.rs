@@ -42,6 +42,7 @@ mod plan;
 pub mod reference;
 #[allow(dead_code)] // parts are used only by the backward pass
 mod sample;
+mod scratch;
 #[cfg(feature = "testing")]
 pub mod testing;
 

@@ -39,7 +39,7 @@
 //! (`+ |weight|` when the caller's `grad_weight` is not row-major); nothing grows with the batch
 //! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB. The planes, column
 //! buffers and packed `grad_out` come from, and go back to, a per-thread cache kept between
-//! calls (at most 32 MiB per thread, see [`super::pool`]).
+//! calls (at most 32 MiB per thread, see [`crate::scratch`]).
 
 use std::ops::Range;
 
@@ -53,7 +53,7 @@ use crate::kernels::col2im::{scatter, scatter_columns, TileShape};
 use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant, TapColumns};
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
 
-use super::pool;
+use crate::scratch;
 
 /// Most output pixels in one tile (GEMM width). 512 rather than 256: the column-gradient GEMM
 /// repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward at 256 (1 thread;
@@ -545,8 +545,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             .max()
             .unwrap_or(0);
         let planes_len = self.plan.max_images * cpo * self.layout.len();
-        // Zeroed buffers, the large ones from this thread's cache (see `pool`).
-        let alloc = |on: bool, len: usize| if on { pool::take(len) } else { Vec::new() };
+        // Zeroed buffers, the large ones from this thread's cache (see `scratch`).
+        let alloc = |on: bool, len: usize| if on { scratch::take(len) } else { Vec::new() };
         let mut in_planes = alloc(needs.input_planes(), planes_len);
         let mut gr_planes = alloc(needs.input, planes_len);
         let mut gcol = alloc(needs.gcol(), max_rows * p);
@@ -680,7 +680,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             }
         }
         for buf in [in_planes, gr_planes, gcol, cols, gt] {
-            pool::give(buf);
+            scratch::give(buf);
         }
         (wpart, self.stats)
     }

@@ -65,6 +65,9 @@ impl PixelMajor {
             "pixel-major copy past the input"
         );
         (self.first, self.count, self.channels, self.pixels) = (first, count, channels, pixels);
+        if self.data.capacity() < count * per_image {
+            self.data = crate::scratch::take_empty(count * per_image);
+        }
         self.data.resize(count * per_image, 0.0);
         if per_image == 0 {
             return;
@@ -90,6 +93,13 @@ impl PixelMajor {
         debug_assert!(n >= self.first && n < self.first + self.count);
         let per_image = (self.pixels + 1) * self.channels;
         &self.data[(n - self.first) * per_image..][..per_image]
+    }
+}
+
+impl Drop for PixelMajor {
+    /// The storage goes back to this thread's scratch cache.
+    fn drop(&mut self) {
+        crate::scratch::give(std::mem::take(&mut self.data));
     }
 }
 

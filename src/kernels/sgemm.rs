@@ -50,7 +50,7 @@ impl PackedA {
     /// transposed view packs without a copy).
     pub(crate) fn pack_strided(a: &[f32], rows: usize, depth: usize, rs: usize, cs: usize) -> Self {
         let mut packed = PackedA {
-            data: Vec::new(),
+            data: crate::scratch::take_empty(rows.div_ceil(MR) * depth * MR),
             rows: 0,
             depth: 0,
         };
@@ -85,6 +85,14 @@ impl PackedA {
         } else {
             self.data.chunks_mut(chunk).enumerate().for_each(fill);
         }
+    }
+}
+
+impl Drop for PackedA {
+    /// The storage goes back to this thread's scratch cache (a packed weight is megabytes,
+    /// allocated on every call).
+    fn drop(&mut self) {
+        crate::scratch::give(std::mem::take(&mut self.data));
     }
 }
 
