@@ -82,7 +82,7 @@ pub(crate) fn interpolate_tap(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::TapRow;
-    use crate::kernels::pixel_major::x86::{first_lanes, transpose16};
+    use crate::kernels::transpose::{first_lanes, transpose16};
     use std::arch::x86_64::*;
 
     /// [`super::interpolate_tap`] on AVX-512F.

@@ -43,6 +43,8 @@ pub(crate) mod pixel_major;
 pub(crate) mod sgemm;
 pub(crate) mod taps;
 pub(crate) mod taps_avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod transpose;
 
 use crate::convention::Convention;
 use crate::geometry::Geometry;

@@ -161,36 +161,12 @@ fn pack_b(b: MatB<'_>, r0: usize, kc: usize, len: usize, out: &mut Vec<f32>) {
     }
 }
 
-/// Index vectors of [`transpose16`]: stage `s` swaps bit `s` of the row and column index.
-const fn transpose_index(bit: usize, high: bool) -> [i32; LANES] {
-    let mut idx = [0i32; LANES];
-    let mut c = 0;
-    while c < LANES {
-        // Low output (row bit 0): own element where the column bit is 0, else the partner's
-        // element with the column bit cleared; high output (row bit 1) symmetrically.
-        idx[c] = match (c & bit == 0, high) {
-            (true, false) => c as i32,
-            (false, false) => (LANES + c - bit) as i32,
-            (true, true) => (c + bit) as i32,
-            (false, true) => (LANES + c) as i32,
-        };
-        c += 1;
-    }
-    idx
-}
-
 /// Writes the transpose of the 16 x 16 block whose row `i < rows` is
 /// `src[i * stride ..][..16]` (rows past `rows` zero) to `dst`, row `k` at
 /// `dst[k * ld ..][..16]` (exact copies: only permutes).
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn transpose16(src: &[f32], stride: usize, rows: usize, dst: &mut [f32], ld: usize) {
-    const IDX: [[[i32; LANES]; 2]; 4] = [
-        [transpose_index(1, false), transpose_index(1, true)],
-        [transpose_index(2, false), transpose_index(2, true)],
-        [transpose_index(4, false), transpose_index(4, true)],
-        [transpose_index(8, false), transpose_index(8, true)],
-    ];
     assert!(dst.len() >= (LANES - 1) * ld + LANES);
     assert!((1..=LANES).contains(&rows) && src.len() >= (rows - 1) * stride + LANES);
     let mut r: [__m512; LANES] = std::array::from_fn(|i| {
@@ -201,21 +177,8 @@ fn transpose16(src: &[f32], stride: usize, rows: usize, dst: &mut [f32], ld: usi
             _mm512_setzero_ps()
         }
     });
-    for (stage, idx) in IDX.iter().enumerate() {
-        let bit = 1 << stage;
-        // SAFETY: the index arrays hold 16 `i32`.
-        let (lo, hi) = unsafe {
-            (
-                _mm512_loadu_si512(idx[0].as_ptr() as *const _),
-                _mm512_loadu_si512(idx[1].as_ptr() as *const _),
-            )
-        };
-        for i in (0..LANES).filter(|i| i & bit == 0) {
-            let (a, b) = (r[i], r[i + bit]);
-            r[i] = _mm512_permutex2var_ps(a, lo, b);
-            r[i + bit] = _mm512_permutex2var_ps(a, hi, b);
-        }
-    }
+    // SAFETY: AVX-512F (this function is compiled for it and only called from AVX-512 code).
+    unsafe { super::transpose::transpose16(&mut r) };
     for (k, v) in r.iter().enumerate() {
         // SAFETY: k * ld + 16 <= dst.len() (asserted above).
         unsafe { _mm512_storeu_ps(dst[k * ld..][..LANES].as_mut_ptr(), *v) };
