@@ -726,8 +726,14 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     fn direct_columns(&self, dense: bool) -> bool {
         use crate::kernels::taps_avx512::LIMIT;
         let g = self.g;
-        let reach_y = g.h_out * g.stride_h + g.kh * g.dil_h + g.pad_top;
-        let reach_x = g.w_out * g.stride_w + g.kw * g.dil_w + g.pad_left;
+        // Saturating: absurd strides or dilations must not overflow (they fail the check).
+        let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
+            out.saturating_mul(stride)
+                .saturating_add(k.saturating_mul(dil))
+                .saturating_add(pad)
+        };
+        let reach_y = reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top);
+        let reach_x = reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left);
         cfg!(target_arch = "x86_64")
             && !dense
             && self.ops.offset.is_some()
@@ -736,7 +742,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
             && reach_y < LIMIT
             && reach_x < LIMIT
-            && (self.plan.max_images + 1) * self.layout.len() < LIMIT
+            && (self.plan.max_images + 1).saturating_mul(self.layout.len()) < LIMIT
     }
 
     /// The tile's table `[k][tile column]` built straight into `columns` (see
