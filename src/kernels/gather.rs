@@ -129,14 +129,7 @@ impl<T: Float> SampleTable<T> {
                 (x, y) = (0, y + 1);
             }
         }
-        if let Some(mask) = src.mask {
-            self.mask.resize(entries, T::ONE);
-            for k in 0..taps {
-                let ch = og * taps + k;
-                let ms = &mask[((image * g.offset_groups * taps + ch) * pixels + start)..][..len];
-                self.mask[k * len..(k + 1) * len].copy_from_slice(ms);
-            }
-        }
+        self.copy_mask(src, image, og, start, len);
         // SAFETY: T is f32 (checked above), so these are the same elements retyped.
         let (offset, weight) = unsafe {
             (
@@ -147,12 +140,8 @@ impl<T: Float> SampleTable<T> {
                 ),
             )
         };
-        let (i0, rest) = self.index.split_at_mut(entries);
-        let (i1, rest) = rest.split_at_mut(entries);
-        let (i2, i3) = rest.split_at_mut(entries);
-        let (w0, rest) = weight.split_at_mut(entries);
-        let (w1, rest) = rest.split_at_mut(entries);
-        let (w2, w3) = rest.split_at_mut(entries);
+        let [i0, i1, i2, i3] = corners(&mut self.index, entries);
+        let [w0, w1, w2, w3] = corners(weight, entries);
         let offset_channels = 2 * g.offset_groups * taps;
         for k in 0..taps {
             let (i, j) = (k / g.kw, k % g.kw);
@@ -194,6 +183,27 @@ impl<T: Float> SampleTable<T> {
         true
     }
 
+    /// Copies the mask rows of offset group `og` for `(image, start .. start + len)`, one per
+    /// tap, when the convolution has a mask.
+    fn copy_mask(
+        &mut self,
+        src: &Source<'_, T>,
+        image: usize,
+        og: usize,
+        start: usize,
+        len: usize,
+    ) {
+        let Some(mask) = src.mask else { return };
+        let g = src.geo;
+        let (taps, pixels) = (g.taps(), g.out_pixels());
+        self.mask.resize(taps * len, T::ONE);
+        for k in 0..taps {
+            let ch = og * taps + k;
+            let ms = &mask[((image * g.offset_groups * taps + ch) * pixels + start)..][..len];
+            self.mask[k * len..(k + 1) * len].copy_from_slice(ms);
+        }
+    }
+
     /// The table build under DCN v1's rule ([`locate_flat_clamped`]) if `DCN_V1`, else
     /// torchvision's ([`locate_flat`]).
     #[inline(always)]
@@ -212,30 +222,15 @@ impl<T: Float> SampleTable<T> {
         let pixels = g.out_pixels();
         self.index.resize(4 * entries, NO_CORNER);
         self.weight.resize(4 * entries, T::ZERO);
-        if src.mask.is_some() {
-            self.mask.resize(entries, T::ONE);
-        }
+        self.copy_mask(src, image, og, start, len);
         let offset_channels = 2 * g.offset_groups * taps;
-        let mask_channels = g.offset_groups * taps;
-        let (index, weight) = (
-            &mut self.index[..4 * entries],
-            &mut self.weight[..4 * entries],
-        );
-        let (i0, rest) = index.split_at_mut(entries);
-        let (i1, rest) = rest.split_at_mut(entries);
-        let (i2, i3) = rest.split_at_mut(entries);
-        let (w0, rest) = weight.split_at_mut(entries);
-        let (w1, rest) = rest.split_at_mut(entries);
-        let (w2, w3) = rest.split_at_mut(entries);
+        let [i0, i1, i2, i3] = corners(&mut self.index, entries);
+        let [w0, w1, w2, w3] = corners(&mut self.weight, entries);
         for k in 0..taps {
             let (i, j) = (k / g.kw, k % g.kw);
             let ch = og * taps + k;
             let dys = &offset[((image * offset_channels + 2 * ch) * pixels + start)..][..len];
             let dxs = &offset[((image * offset_channels + 2 * ch + 1) * pixels + start)..][..len];
-            if let Some(mask) = src.mask {
-                let ms = &mask[((image * mask_channels + ch) * pixels + start)..][..len];
-                self.mask[k * len..(k + 1) * len].copy_from_slice(ms);
-            }
             let (mut y, mut x) = (start / g.w_out, start % g.w_out);
             let off_y = (i * g.dil_h) as isize - g.pad_top as isize;
             let off_x = (j * g.dil_w) as isize - g.pad_left as isize;
@@ -371,6 +366,14 @@ pub(crate) fn gather_columns<T: Float>(
         }
         c = chunk_end;
     }
+}
+
+/// The four per-corner blocks of `entries` values at the front of `v` (`v.len() >= 4 entries`).
+fn corners<U>(v: &mut [U], entries: usize) -> [&mut [U]; 4] {
+    let (a, rest) = v.split_at_mut(entries);
+    let (b, rest) = rest.split_at_mut(entries);
+    let (c, rest) = rest.split_at_mut(entries);
+    [a, b, c, &mut rest[..entries]]
 }
 
 /// The table as its `f32` self, when `T` is `f32`.

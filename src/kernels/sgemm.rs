@@ -392,13 +392,13 @@ mod tests {
             for bias in [None, Some(&bias[..])] {
                 let mut c = vec![f32::NAN; rows * len];
                 let mut bp = Vec::new();
-                // SAFETY: AVX-512F detected; c is rows x len, b depth x len.
                 let init = bias.map_or(Init::Zero, Init::Bias);
                 let mb = MatB {
                     data: &b,
                     rs: len,
                     cs: 1,
                 };
+                // SAFETY: AVX-512F detected; c is rows x len, b depth x len.
                 unsafe { multiply(&packed, mb, len, init, c.as_mut_ptr(), len, &mut bp) };
                 let want = chain(&a, &b, bias, rows, depth, len);
                 assert!(
