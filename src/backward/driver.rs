@@ -494,6 +494,8 @@ struct Task<'p, 'a, T> {
     #[cfg(target_arch = "x86_64")]
     packed_gt: Option<crate::kernels::sgemm::PackedA>,
     layout: PlaneLayout,
+    /// Staging buffer of the pixel-major pass ([`crate::kernels::channel_backward`]).
+    stage: Vec<f32>,
     stats: Stats,
 }
 
@@ -520,6 +522,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512)
                 .then(|| crate::kernels::sgemm::PackedA::pack_strided(&[], 0, 0, 0, 0)),
             layout: PlaneLayout::for_convention(ops.convention, g.h, g.w),
+            stage: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -570,6 +573,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         // Torchvision f32 tables are built straight into columns by AVX-512 and every kernel
         // reads the columns (the row table is not built at all).
         let direct = self.direct_columns(dense);
+        // Planes pixel-major and one fused AVX-512 pass per segment instead of col2im + coord.
+        let pixel_major = self.pixel_major(dense);
         let mut columns = TapColumns::<T>::default();
         let mut pixel_bases = (Vec::new(), Vec::new());
         self.stats.grad_plane_elems += gr_planes.len();
@@ -585,7 +590,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 .zip(group.images.clone())
                 .all(|((n, _), m)| *n == m));
             if needs.input_planes() {
-                self.load_input(group, &mut in_planes);
+                if pixel_major {
+                    self.load_input_pixel_major(group, &mut in_planes);
+                } else {
+                    self.load_input(group, &mut in_planes);
+                }
             }
             if needs.input {
                 gr_planes.fill(T::ZERO);
@@ -604,8 +613,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     true
                 } else {
                     self.build_taps(group, tile, width, &mut taps);
-                    simd_columns && columns.fill(&taps)
+                    (simd_columns || pixel_major) && columns.fill(&taps)
                 };
+                // `pixel_major` checked that every base fits the columns.
+                assert!(have_columns || !pixel_major, "pixel-major pass without columns");
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -624,7 +635,16 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     if needs.gcol() {
                         self.column_gradient(si, seg, width, &gt, &mut gcol[..rows * width]);
                     }
-                    if needs.input {
+                    if pixel_major {
+                        let out = SampleOut {
+                            dy: &mut acc_dy,
+                            dx: &mut acc_dx,
+                            mask: &mut acc_m,
+                            cols: &mut cols,
+                        };
+                        let planes = (&in_planes[..], &mut gr_planes[..]);
+                        self.fused_pass(planes, width, &columns, &gcol, local.clone(), out);
+                    } else if needs.input {
                         if direct {
                             scatter_columns(&mut gr_planes, shape, &columns, &gcol, local.clone());
                         } else {
@@ -632,7 +652,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         }
                         self.stats.scatters += 1;
                     }
-                    if needs.input_planes() {
+                    if needs.input_planes() && !pixel_major {
                         let want = SampleWant {
                             offset: needs.offset,
                             mask: needs.mask,
@@ -676,7 +696,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 }
             }
             if needs.input {
-                self.store_input_grad(&gr_planes, group_views);
+                if pixel_major {
+                    self.store_input_grad_pixel_major(&gr_planes, group_views);
+                } else {
+                    self.store_input_grad(&gr_planes, group_views);
+                }
             }
         }
         for buf in [in_planes, gr_planes, gcol, cols, gt] {
@@ -717,6 +741,170 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 self.stats.input_copies += 1;
             }
         }
+    }
+
+    /// Whether the planes are pixel-major and each segment's sampling work is one fused pass
+    /// of [`crate::kernels::channel_backward`]: deformable, `f32`, AVX-512, and every cell
+    /// index fits the column table's `i32` bases. Measured on W4 (1 thread): see the commit.
+    fn pixel_major(&self, dense: bool) -> bool {
+        cfg!(target_arch = "x86_64")
+            && !dense
+            && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
+            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+            && self.plan.max_images.saturating_mul(self.layout.len()) <= (i32::MAX as usize) / 2
+    }
+
+    /// [`Task::load_input`] into pixel-major planes: image `j`'s cell `i`, local channel `c`
+    /// at `planes[(j * cells + i) * C_in/G_off + c]`.
+    #[inline(never)]
+    fn load_input_pixel_major(&mut self, group: &ImageGroup, planes: &mut [T]) {
+        use crate::kernels::pixel_major::to_pixel_major;
+        let Some(input) = &self.ops.input else {
+            return;
+        };
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        let Some(planes) = crate::kernels::same_type_mut::<T, f32>(planes) else {
+            debug_assert!(false, "pixel-major planes are f32");
+            return;
+        };
+        let channels = self.og * cpo..(self.og + 1) * cpo;
+        for (j, n) in group.images.clone().enumerate() {
+            let cells = &mut planes[j * l.len() * cpo..][..l.len() * cpo];
+            let image = input.index_axis(ndarray::Axis(0), n);
+            let image = image.slice(ndarray::s![channels.clone(), .., ..]);
+            let hw = l.h * l.w;
+            match image.as_slice().and_then(crate::kernels::same_type::<T, f32>) {
+                Some(src) if hw > 0 => {
+                    for r in 0..l.h {
+                        let dst = &mut cells[l.index(r as isize, 0) * cpo..][..l.w * cpo];
+                        to_pixel_major(&src[r * l.w..], cpo, hw, l.w, dst);
+                    }
+                }
+                _ => {
+                    for ((c, r, x), &v) in image.indexed_iter() {
+                        let at = l.index(r as isize, x as isize) * cpo + c;
+                        cells[at] = crate::kernels::same_type::<T, f32>(std::slice::from_ref(&v))
+                            .map_or(0.0, |v| v[0]);
+                    }
+                }
+            }
+            if l.is_replicated() && l.h > 0 && l.w > 0 {
+                // The border of `PlaneLayout::replicate_border`, a cell (all channels) at a time.
+                let (h, w) = (l.h as isize, l.w as isize);
+                for r in 0..h {
+                    let from = l.index(r, w - 1) * cpo;
+                    cells.copy_within(from..from + cpo, l.index(r, w) * cpo);
+                }
+                let (last, below) = (l.index(h - 1, 0) * cpo, l.index(h, 0) * cpo);
+                cells.copy_within(last..last + (l.w + 1) * cpo, below);
+            }
+            self.stats.input_copies += cpo;
+        }
+    }
+
+    /// [`Task::store_input_grad`] from pixel-major planes.
+    #[inline(never)]
+    fn store_input_grad_pixel_major(
+        &self,
+        planes: &[T],
+        views: &mut [(usize, ImageOut<'_, T>)],
+    ) {
+        use crate::kernels::pixel_major::from_pixel_major;
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        for (j, (_, out)) in views.iter_mut().enumerate() {
+            let Some(view) = out.input.as_mut() else {
+                continue;
+            };
+            let cells = &planes[j * l.len() * cpo..][..l.len() * cpo];
+            let hw = l.h * l.w;
+            if let (Some(dst), Some(src)) = (
+                view.as_slice_mut()
+                    .and_then(crate::kernels::same_type_mut::<T, f32>),
+                crate::kernels::same_type::<T, f32>(cells),
+            ) {
+                for r in 0..l.h {
+                    let row = &src[l.index(r as isize, 0) * cpo..][..l.w * cpo];
+                    from_pixel_major(row, cpo, l.w, &mut dst[r * l.w..], hw);
+                }
+                continue;
+            }
+            for ((c, r, x), d) in view.indexed_iter_mut() {
+                *d = cells[l.index(r as isize, x as isize) * cpo + c];
+            }
+        }
+    }
+
+    /// The fused pixel-major pass of one segment (`f32` only; see [`Task::pixel_major`]).
+    fn fused_pass(
+        &mut self,
+        (input, grad): (&[T], &mut [T]),
+        width: usize,
+        columns: &TapColumns<T>,
+        gcol: &[T],
+        channels: Range<usize>,
+        out: SampleOut<'_, T>,
+    ) {
+        let needs = self.needs;
+        if needs.input {
+            self.stats.scatters += 1;
+        }
+        if needs.input_planes() {
+            self.stats.sample_passes += 1;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::channel_backward::{run, CellShape, Outputs};
+            use crate::kernels::{same_type, same_type_mut};
+            let SampleOut { dy, dx, mask, cols } = out;
+            let f32s = (
+                same_type::<T, f32>(input),
+                same_type_mut::<T, f32>(grad),
+                same_type::<T, f32>(gcol),
+                same_type_mut::<T, f32>(dy),
+                same_type_mut::<T, f32>(dx),
+                same_type_mut::<T, f32>(mask),
+                same_type_mut::<T, f32>(cols),
+            );
+            let (Some(input), Some(grad), Some(gcol), Some(dy), Some(dx), Some(mask), Some(cols)) =
+                f32s
+            else {
+                debug_assert!(false, "the pixel-major pass is f32 only");
+                return;
+            };
+            // SAFETY: T is f32 (checked by `same_type`), so the table has the same layout.
+            let table = unsafe { &*(columns as *const TapColumns<T> as *const TapColumns<f32>) };
+            let shape = CellShape {
+                channels: self.g.c_per_offset_group(),
+                pitch: self.layout.pitch(),
+                tile: width,
+                taps: self.g.taps(),
+            };
+            let want = Outputs {
+                scatter: needs.input,
+                offset: needs.offset,
+                mask: needs.mask,
+                cols: needs.weight,
+            };
+            let out = SampleOut { dy, dx, mask, cols };
+            // SAFETY: AVX-512F was detected (`pixel_major`); the kernel checks every bound.
+            unsafe {
+                run(
+                    input,
+                    grad,
+                    shape,
+                    table,
+                    gcol,
+                    channels,
+                    want,
+                    out,
+                    &mut self.stage,
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (input, grad, width, columns, gcol, channels, out);
     }
 
     /// Whether the tile tables are built straight into columns ([`Task::build_columns`]):

@@ -23,7 +23,7 @@ use crate::kernels::col2im::{TileShape, CHUNK};
 use crate::kernels::coord_avx512;
 pub(crate) use crate::kernels::coord_avx512::TapColumns;
 use crate::kernels::taps::Tap;
-use std::any::TypeId;
+use crate::kernels::{same_type, same_type_mut};
 
 /// What [`sample_gradients`] produces; slices not wanted may be empty.
 pub(crate) struct SampleOut<'a, T> {
@@ -79,20 +79,6 @@ pub(crate) fn sample_gradients<T: Float>(
         (false, false, true) => go!(false, false, true),
         (false, false, false) => {}
     }
-}
-
-/// `s` as a slice of `U` when `T` is `U`.
-fn same_type<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
-    // SAFETY: T and U are the same type, so the cast is the identity.
-    (TypeId::of::<T>() == TypeId::of::<U>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) })
-}
-
-/// `s` as a mutable slice of `U` when `T` is `U`.
-fn same_type_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
-    // SAFETY: T and U are the same type, so the cast is the identity.
-    (TypeId::of::<T>() == TypeId::of::<U>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut U, s.len()) })
 }
 
 /// `(Wy, Wx)` from the corner values, the formula of [`crate::sample::coordinate_weights`].

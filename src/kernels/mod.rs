@@ -28,6 +28,8 @@
 //! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
 //! stays near 1 MiB, independent of the batch size.
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod channel_backward;
 pub(crate) mod channel_gather;
 pub(crate) mod col2im;
 pub(crate) mod coord;
@@ -48,6 +50,21 @@ pub(crate) mod transpose;
 
 use crate::convention::Convention;
 use crate::geometry::Geometry;
+use std::any::TypeId;
+
+/// `s` as a slice of `U` when `T` is `U` (the fast `f32` kernels inside generic code).
+pub(crate) fn same_type<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
+    // SAFETY: T and U are the same type, so the cast is the identity.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) })
+}
+
+/// `s` as a mutable slice of `U` when `T` is `U`.
+pub(crate) fn same_type_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
+    // SAFETY: T and U are the same type, so the cast is the identity.
+    (TypeId::of::<T>() == TypeId::of::<U>())
+        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut U, s.len()) })
+}
 
 /// The operands of one convolution as flat standard-layout (C-order) slices.
 #[derive(Debug, Clone, Copy)]

@@ -108,15 +108,63 @@ impl Drop for PixelMajor {
 fn transpose_block(src: &[f32], channels: usize, pixels: usize, p0: usize, rows: &mut [f32]) {
     let count = rows.len() / channels;
     debug_assert!(p0 + count <= pixels && src.len() >= channels * pixels);
+    to_pixel_major(&src[p0..], channels, pixels, count, rows);
+}
+
+/// `dst[q * channels + c] = src[c * stride + q]` for `q < count`, `c < channels`: `count`
+/// pixels of channel-major planes (`stride` apart) to pixel-major rows.
+///
+/// # Panics
+/// If `src` or `dst` is too short.
+pub(crate) fn to_pixel_major(
+    src: &[f32],
+    channels: usize,
+    stride: usize,
+    count: usize,
+    dst: &mut [f32],
+) {
+    if channels == 0 || count == 0 {
+        return;
+    }
+    assert!(src.len() >= (channels - 1) * stride + count && dst.len() >= count * channels);
     #[cfg(target_arch = "x86_64")]
     if super::lanes::isa() == super::lanes::Isa::Avx512 {
         // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
-        unsafe { x86::transpose_block(src, channels, pixels, p0, count, rows) };
+        unsafe { x86::transpose(src, stride, dst, channels, channels, count) };
         return;
     }
-    for (i, row) in rows.chunks_exact_mut(channels).enumerate() {
+    for (q, row) in dst.chunks_exact_mut(channels).take(count).enumerate() {
         for (c, v) in row.iter_mut().enumerate() {
-            *v = src[c * pixels + p0 + i];
+            *v = src[c * stride + q];
+        }
+    }
+}
+
+/// `dst[c * stride + q] = src[q * channels + c]` for `q < count`, `c < channels`: the inverse
+/// of [`to_pixel_major`].
+///
+/// # Panics
+/// If `src` or `dst` is too short.
+pub(crate) fn from_pixel_major(
+    src: &[f32],
+    channels: usize,
+    count: usize,
+    dst: &mut [f32],
+    stride: usize,
+) {
+    if channels == 0 || count == 0 {
+        return;
+    }
+    assert!(dst.len() >= (channels - 1) * stride + count && src.len() >= count * channels);
+    #[cfg(target_arch = "x86_64")]
+    if super::lanes::isa() == super::lanes::Isa::Avx512 {
+        // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
+        unsafe { x86::transpose(src, channels, dst, stride, count, channels) };
+        return;
+    }
+    for (q, row) in src.chunks_exact(channels).take(count).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            dst[c * stride + q] = v;
         }
     }
 }
@@ -126,34 +174,36 @@ mod x86 {
     use crate::kernels::transpose::{first_lanes, transpose16};
     use std::arch::x86_64::*;
 
-    /// [`super::transpose_block`] in 16 x 16 blocks.
+    /// `dst[j * d_row + i] = src[i * s_row + j]` for `i < rows`, `j < cols`, in 16 x 16
+    /// register blocks (16 contiguous values read from a source row, written to a
+    /// destination row).
     ///
     /// # Safety
-    /// AVX-512F; `src` holds `channels * pixels` values, `p0 + count <= pixels` and `rows`
-    /// holds `count * channels` values.
+    /// AVX-512F; every addressed element lies inside `src` and `dst`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn transpose_block(
+    pub(super) unsafe fn transpose(
         src: &[f32],
-        channels: usize,
-        pixels: usize,
-        p0: usize,
-        count: usize,
-        rows: &mut [f32],
+        s_row: usize,
+        dst: &mut [f32],
+        d_row: usize,
+        rows: usize,
+        cols: usize,
     ) {
-        debug_assert!(src.len() >= channels * pixels && p0 + count <= pixels);
-        debug_assert!(rows.len() >= count * channels);
+        debug_assert!(rows > 0 && cols > 0);
+        debug_assert!(src.len() >= (rows - 1) * s_row + cols);
+        debug_assert!(dst.len() >= (cols - 1) * d_row + rows);
         let mut block = [_mm512_setzero_ps(); 16];
-        for q in (0..count).step_by(16) {
-            let pw = 16.min(count - q);
-            for c0 in (0..channels).step_by(16) {
-                let cw = 16.min(channels - c0);
+        for j0 in (0..cols).step_by(16) {
+            let nj = 16.min(cols - j0);
+            for i0 in (0..rows).step_by(16) {
+                let ni = 16.min(rows - i0);
                 for (i, v) in block.iter_mut().enumerate() {
-                    *v = if i < cw {
-                        // SAFETY: channel c0 + i < channels, pixels p0 + q .. + pw <= pixels.
+                    *v = if i < ni {
+                        // SAFETY: row i0 + i < rows, columns j0 .. + nj <= cols.
                         unsafe {
                             _mm512_maskz_loadu_ps(
-                                first_lanes(pw),
-                                src.as_ptr().add((c0 + i) * pixels + p0 + q),
+                                first_lanes(nj),
+                                src.as_ptr().add((i0 + i) * s_row + j0),
                             )
                         }
                     } else {
@@ -162,12 +212,12 @@ mod x86 {
                 }
                 // SAFETY: AVX-512F (this function's contract).
                 unsafe { transpose16(&mut block) };
-                for (j, v) in block.iter().enumerate().take(pw) {
-                    // SAFETY: row q + j < count, channels c0 .. + cw <= channels.
+                for (j, v) in block.iter().enumerate().take(nj) {
+                    // SAFETY: destination row j0 + j < cols, elements i0 .. + ni <= rows.
                     unsafe {
                         _mm512_mask_storeu_ps(
-                            rows.as_mut_ptr().add((q + j) * channels + c0),
-                            first_lanes(cw),
+                            dst.as_mut_ptr().add((j0 + j) * d_row + i0),
+                            first_lanes(ni),
                             *v,
                         )
                     };
@@ -202,6 +252,29 @@ pub(crate) mod tests {
                     }
                 }
                 assert!(got[pixels * channels..].iter().all(|&v| v == 0.0));
+            }
+        }
+    }
+
+    /// `from_pixel_major` undoes `to_pixel_major`, on strided planes with ragged blocks.
+    #[test]
+    fn from_pixel_major_inverts_to_pixel_major() {
+        for (channels, count, stride) in [(1, 1, 1), (5, 17, 20), (16, 16, 16), (33, 40, 41)] {
+            let src: Vec<f32> = (0..channels * stride).map(|i| i as f32 + 0.5).collect();
+            let mut pm = vec![f32::NAN; count * channels];
+            to_pixel_major(&src, channels, stride, count, &mut pm);
+            for q in 0..count {
+                for c in 0..channels {
+                    assert_eq!(pm[q * channels + c], src[c * stride + q]);
+                }
+            }
+            let mut back = vec![-1.0f32; channels * stride];
+            from_pixel_major(&pm, channels, count, &mut back, stride);
+            for c in 0..channels {
+                for q in 0..stride {
+                    let want = if q < count { src[c * stride + q] } else { -1.0 };
+                    assert_eq!(back[c * stride + q], want, "{channels} {count} {c} {q}");
+                }
             }
         }
     }
