@@ -59,6 +59,9 @@ use crate::scratch;
 /// repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward at 256 (1 thread;
 /// the machine was too contended to resolve 512 vs 1024).
 pub(crate) const TILE_PIXELS: usize = 512;
+/// Columns of `B` per call of the pixel-major GEMMs: a `KC x 480` packed block (480 KiB)
+/// stays in L2 while every row panel of `A` passes over it.
+const GEMM_COLUMNS: usize = 480;
 /// Tasks the partition aims for, independent of the thread count: enough to balance 2-4
 /// threads, few enough that W2 (4 offset groups) needs no weight partials.
 pub(crate) const MIN_TASKS: usize = 4;
@@ -419,31 +422,139 @@ pub(crate) fn run<T: Float>(
     }
     let weight_len = g.c_out * g.c_in_per_group() * g.taps();
     let mut weight_out = weight_out.filter(|_| needs.weight);
-    let shared = weight_out.as_deref_mut().map(|w| {
+    let pixel_major = uses_pixel_major(g, &plan, ops);
+    // The pixel-major path's weight partials are tap-major, so every slot keeps its own.
+    let shared = weight_out.as_deref_mut().filter(|_| !pixel_major).map(|w| {
         debug_assert_eq!(w.len(), weight_len);
         WeightOut {
             ptr: w.as_mut_ptr(),
             len: w.len(),
         }
     });
-    let packed_wt = needs.gcol().then(|| pack_weight_t(g, ops)).flatten();
+    let weights = if !needs.gcol() {
+        Weights::None
+    } else if pixel_major {
+        permute_weight(g, ops).map_or(Weights::None, Weights::TapMajor)
+    } else {
+        pack_weight_t(g, ops).map_or(Weights::None, Weights::Packed)
+    };
     let results: Vec<(Vec<T>, Stats)> = per_task
         .into_par_iter()
         .enumerate()
         .map(|(t, views)| {
             let (slot, og) = (t / g.offset_groups, t % g.offset_groups);
             let out = if slot == 0 { shared } else { None };
-            let packed = packed_wt.as_ref().map(|p| &p[og][..]);
-            Task::new(g, &plan, ops, needs, og, packed).run(slot, views, out)
+            let task = Task::new(g, &plan, ops, needs, og, &weights, pixel_major);
+            task.run(slot, views, out)
         })
         .collect();
     let stats = results
         .iter()
         .fold(Stats::default(), |acc, (_, s)| acc.add(*s));
     if let Some(w) = weight_out {
-        add_partials(g, &plan, &results, w);
+        if pixel_major {
+            gather_tap_major_partials(g, &plan, &results, w);
+        } else {
+            add_partials(g, &plan, &results, w);
+        }
+    }
+    if let Weights::TapMajor(per_group) = weights {
+        per_group.into_iter().flatten().for_each(scratch::give);
+    }
+    for (part, _) in results {
+        scratch::give(part);
     }
     stats
+}
+
+/// The weight as the column-gradient GEMM reads it, prepared once per call.
+enum Weights {
+    /// matrixmultiply reads the caller's weight directly.
+    None,
+    /// Per offset group, per segment, `weightᵀ` packed for the AVX-512 `f32` GEMM.
+    Packed(Vec<Vec<PackedWeightT>>),
+    /// Per offset group, per segment, the pixel-major path's `B`:
+    /// `[o][k * C_seg + c] = weight[group o, c, k]`.
+    TapMajor(Vec<Vec<Vec<f32>>>),
+}
+
+/// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): deformable,
+/// `f32` on AVX-512, and every cell index fits the column table's `i32` bases. Measured on W4
+/// (1 thread): see the commit message.
+fn uses_pixel_major<T: Float>(g: &Geometry, plan: &Plan, ops: &Operands<'_, T>) -> bool {
+    let layout = PlaneLayout::for_convention(ops.convention, g.h, g.w);
+    cfg!(target_arch = "x86_64")
+        && (ops.offset.is_some() || ops.mask.is_some())
+        && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
+        && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && plan.max_images.saturating_mul(layout.len()) <= (i32::MAX as usize) / 2
+}
+
+/// [`Weights::TapMajor`] of the operands (`None` without a weight or when `T` is not `f32`).
+/// Rows in parallel; the buffers come from the scratch cache.
+fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Vec<Vec<Vec<f32>>>> {
+    let weight = crate::kernels::same_type::<T, f32>(ops.weight?)?;
+    let k_taps = g.taps();
+    let cink = g.c_in_per_group() * k_taps;
+    let cog = g.c_out_per_group();
+    let permute = |seg: &Segment| {
+        let cs = seg.c_hi - seg.c_lo;
+        let mut out = scratch::take::<f32>(cog * cs * k_taps);
+        let c0 = seg.c_lo - seg.conv_group * g.c_in_per_group();
+        out.par_chunks_mut((cs * k_taps).max(1))
+            .enumerate()
+            .for_each(|(o, row)| {
+                let src = &weight[(seg.conv_group * cog + o) * cink + c0 * k_taps..][..cs * k_taps];
+                for (c, taps) in src.chunks_exact(k_taps).enumerate() {
+                    for (k, &v) in taps.iter().enumerate() {
+                        row[k * cs + c] = v;
+                    }
+                }
+            });
+        out
+    };
+    Some(
+        (0..g.offset_groups)
+            .map(|og| segments(g, og).iter().map(permute).collect())
+            .collect(),
+    )
+}
+
+/// `grad_weight[o, c' K + k] = sum over slots, in slot order, of the tap-major partials
+/// `[o][k * C_seg + c]` of the pixel-major path, rows of `out` in parallel.
+fn gather_tap_major_partials<T: Float>(
+    g: &Geometry,
+    plan: &Plan,
+    results: &[(Vec<T>, Stats)],
+    out: &mut [T],
+) {
+    let k_taps = g.taps();
+    let cink = g.c_in_per_group() * k_taps;
+    let cog = g.c_out_per_group();
+    let segs: Vec<(usize, Segment)> = (0..g.offset_groups)
+        .flat_map(|og| segments(g, og).into_iter().map(move |s| (og, s)))
+        .collect();
+    out.par_chunks_mut(cink)
+        .enumerate()
+        .for_each(|(o_glob, row)| {
+            let (conv_group, o) = (o_glob / cog, o_glob % cog);
+            for (og, seg) in segs.iter().filter(|(_, s)| s.conv_group == conv_group) {
+                let cs = seg.c_hi - seg.c_lo;
+                let rows = cs * k_taps;
+                let col0 = (seg.c_lo - conv_group * g.c_in_per_group()) * k_taps;
+                let dst = &mut row[col0..][..rows];
+                for slot in 0..plan.slots {
+                    let part = &results[slot * g.offset_groups + og].0;
+                    let src = &part[seg.part_offset + o * rows..][..rows];
+                    for (k, taps) in src.chunks_exact(cs).enumerate() {
+                        for (c, &v) in taps.iter().enumerate() {
+                            let d = &mut dst[c * k_taps + k];
+                            *d = if slot == 0 { v } else { *d + v };
+                        }
+                    }
+                }
+            }
+        });
 }
 
 /// `grad_weight += partial[slot]` for slots `1..R` in slot order (slot 0 wrote `out`
@@ -485,17 +596,20 @@ struct Task<'p, 'a, T> {
     needs: Needs,
     og: usize,
     segs: Vec<Segment>,
-    /// Per segment, `weightᵀ` packed for the AVX-512 `f32` GEMM (when it applies).
-    packed_wt: Option<&'p [PackedWeightT]>,
+    /// The weight prepared for the column-gradient GEMM.
+    weights: &'p Weights,
+    /// Planes, column gradient and columns pixel-major (see [`uses_pixel_major`]).
+    pixel_major: bool,
     /// The GEMM's packed `B` block (reused across tiles).
     packed_b: Vec<f32>,
     /// The tile's `grad_out` packed as `A` of the weight-gradient GEMM, when the AVX-512 `f32`
     /// kernel applies.
     #[cfg(target_arch = "x86_64")]
     packed_gt: Option<crate::kernels::sgemm::PackedA>,
+    /// The tile's `grad_outᵀ`, packed as `A` of the pixel-major column-gradient GEMM.
+    #[cfg(target_arch = "x86_64")]
+    packed_gt_t: Option<crate::kernels::sgemm::PackedA>,
     layout: PlaneLayout,
-    /// Staging buffer of the pixel-major pass ([`crate::kernels::channel_backward`]).
-    stage: Vec<f32>,
     stats: Stats,
 }
 
@@ -506,7 +620,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         ops: &'p Operands<'a, T>,
         needs: Needs,
         og: usize,
-        packed_wt: Option<&'p [PackedWeightT]>,
+        weights: &'p Weights,
+        pixel_major: bool,
     ) -> Self {
         Task {
             g,
@@ -515,14 +630,16 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             needs,
             og,
             segs: segments(g, og),
-            packed_wt,
+            weights,
+            pixel_major,
             packed_b: Vec::new(),
             #[cfg(target_arch = "x86_64")]
             packed_gt: (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
                 && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512)
                 .then(|| crate::kernels::sgemm::PackedA::pack_strided(&[], 0, 0, 0, 0)),
+            #[cfg(target_arch = "x86_64")]
+            packed_gt_t: None,
             layout: PlaneLayout::for_convention(ops.convention, g.h, g.w),
-            stage: Vec::new(),
             stats: Stats::default(),
         }
     }
@@ -574,7 +691,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         // reads the columns (the row table is not built at all).
         let direct = self.direct_columns(dense);
         // Planes pixel-major and one fused AVX-512 pass per segment instead of col2im + coord.
-        let pixel_major = self.pixel_major(dense);
+        let pixel_major = self.pixel_major;
         let mut columns = TapColumns::<T>::default();
         let mut pixel_bases = (Vec::new(), Vec::new());
         self.stats.grad_plane_elems += gr_planes.len();
@@ -616,7 +733,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     (simd_columns || pixel_major) && columns.fill(&taps)
                 };
                 // `pixel_major` checked that every base fits the columns.
-                assert!(have_columns || !pixel_major, "pixel-major pass without columns");
+                assert!(
+                    have_columns || !pixel_major,
+                    "pixel-major pass without columns"
+                );
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -743,17 +863,6 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         }
     }
 
-    /// Whether the planes are pixel-major and each segment's sampling work is one fused pass
-    /// of [`crate::kernels::channel_backward`]: deformable, `f32`, AVX-512, and every cell
-    /// index fits the column table's `i32` bases. Measured on W4 (1 thread): see the commit.
-    fn pixel_major(&self, dense: bool) -> bool {
-        cfg!(target_arch = "x86_64")
-            && !dense
-            && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
-            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-            && self.plan.max_images.saturating_mul(self.layout.len()) <= (i32::MAX as usize) / 2
-    }
-
     /// [`Task::load_input`] into pixel-major planes: image `j`'s cell `i`, local channel `c`
     /// at `planes[(j * cells + i) * C_in/G_off + c]`.
     #[inline(never)]
@@ -774,7 +883,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             let image = input.index_axis(ndarray::Axis(0), n);
             let image = image.slice(ndarray::s![channels.clone(), .., ..]);
             let hw = l.h * l.w;
-            match image.as_slice().and_then(crate::kernels::same_type::<T, f32>) {
+            match image
+                .as_slice()
+                .and_then(crate::kernels::same_type::<T, f32>)
+            {
                 Some(src) if hw > 0 => {
                     for r in 0..l.h {
                         let dst = &mut cells[l.index(r as isize, 0) * cpo..][..l.w * cpo];
@@ -805,11 +917,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
 
     /// [`Task::store_input_grad`] from pixel-major planes.
     #[inline(never)]
-    fn store_input_grad_pixel_major(
-        &self,
-        planes: &[T],
-        views: &mut [(usize, ImageOut<'_, T>)],
-    ) {
+    fn store_input_grad_pixel_major(&self, planes: &[T], views: &mut [(usize, ImageOut<'_, T>)]) {
         use crate::kernels::pixel_major::from_pixel_major;
         let cpo = self.g.c_per_offset_group();
         let l = self.layout;
@@ -889,19 +997,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             };
             let out = SampleOut { dy, dx, mask, cols };
             // SAFETY: AVX-512F was detected (`pixel_major`); the kernel checks every bound.
-            unsafe {
-                run(
-                    input,
-                    grad,
-                    shape,
-                    table,
-                    gcol,
-                    channels,
-                    want,
-                    out,
-                    &mut self.stage,
-                )
-            };
+            unsafe { run(input, grad, shape, table, gcol, channels, want, out) };
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = (input, grad, width, columns, gcol, channels, out);
@@ -1186,7 +1282,13 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         debug_assert!(gt.len() >= cog * width && gcol.len() >= rows * width);
         self.stats.gcol_gemms += 1;
         #[cfg(target_arch = "x86_64")]
-        if let Some(packed) = self.packed_wt {
+        if let Weights::TapMajor(per_group) = self.weights {
+            let b = &per_group[self.og][si];
+            return self.column_gradient_tap_major(rows, width, gt, b, gcol);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Weights::Packed(per_group) = self.weights {
+            let packed = &per_group[self.og];
             let cast = |s: &[T]| {
                 // SAFETY: `packed_wt` exists only when T is f32 (see `pack_weight_t`).
                 unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
@@ -1234,6 +1336,115 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         }
     }
 
+    /// The pixel-major column gradient `gcol[q, k C_seg + c] = sum_o gt[o, q] * b[o, k C_seg + c]`
+    /// (`b` the segment's [`Weights::TapMajor`] block): `A = gtᵀ` packed per tile, `B = b`
+    /// in column blocks of [`GEMM_COLUMNS`].
+    #[cfg(target_arch = "x86_64")]
+    fn column_gradient_tap_major(
+        &mut self,
+        rows: usize,
+        width: usize,
+        gt: &[T],
+        b: &[f32],
+        gcol: &mut [T],
+    ) {
+        use crate::kernels::sgemm::{multiply, Init, MatB, PackedA};
+        use crate::kernels::{same_type, same_type_mut};
+        let cog = self.g.c_out_per_group();
+        let (Some(gt), Some(gcol)) = (same_type::<T, f32>(gt), same_type_mut::<T, f32>(gcol))
+        else {
+            debug_assert!(false, "tap-major weights exist only for f32");
+            return;
+        };
+        assert!(b.len() >= cog * rows && gcol.len() >= width * rows && gt.len() >= cog * width);
+        let packed = self
+            .packed_gt_t
+            .get_or_insert_with(|| PackedA::pack_strided(&[], 0, 0, 0, 0));
+        // Element (q, o) of gtᵀ is gt[o * width + q].
+        packed.repack(gt, width, cog, 1, width);
+        for n0 in (0..rows).step_by(GEMM_COLUMNS) {
+            let len = GEMM_COLUMNS.min(rows - n0);
+            let b = MatB {
+                data: &b[n0..],
+                rs: rows,
+                cs: 1,
+            };
+            // SAFETY: AVX-512F was detected (`uses_pixel_major`); B = b[n0..] holds cog rows of
+            // `rows` (asserted); C = gcol columns n0 .. n0 + len of `width` rows at stride
+            // `rows`, inside gcol (asserted) and exclusive to this task.
+            unsafe {
+                multiply(
+                    packed,
+                    b,
+                    len,
+                    Init::Zero,
+                    gcol.as_mut_ptr().add(n0),
+                    rows,
+                    &mut self.packed_b,
+                )
+            };
+        }
+    }
+
+    /// The pixel-major weight gradient
+    /// `part[o, j] = beta * part[o, j] + sum_q gt[o, q] * cols[q, j]`, `j = k C_seg + c`.
+    #[cfg(target_arch = "x86_64")]
+    fn weight_gradient_tap_major(
+        &mut self,
+        rows: usize,
+        width: usize,
+        gt: &[T],
+        cols: &[T],
+        part: &mut [T],
+        beta: T,
+    ) {
+        use crate::kernels::sgemm::{multiply, Init, MatB, PackedA};
+        use crate::kernels::{same_type, same_type_mut};
+        let cog = self.g.c_out_per_group();
+        let f32s = (
+            same_type::<T, f32>(gt),
+            same_type::<T, f32>(cols),
+            same_type_mut::<T, f32>(part),
+        );
+        let (Some(gt), Some(cols), Some(part)) = f32s else {
+            debug_assert!(false, "the pixel-major path is f32 only");
+            return;
+        };
+        assert!(gt.len() >= cog * width && cols.len() >= width * rows && part.len() >= cog * rows);
+        let packed = self
+            .packed_gt
+            .get_or_insert_with(|| PackedA::pack_strided(&[], 0, 0, 0, 0));
+        packed.repack(gt, cog, width, width, 1);
+        let init = if beta == T::ZERO {
+            Init::Zero
+        } else {
+            Init::Accumulate
+        };
+        for n0 in (0..rows).step_by(GEMM_COLUMNS) {
+            let len = GEMM_COLUMNS.min(rows - n0);
+            let b = MatB {
+                data: &cols[n0..],
+                rs: rows,
+                cs: 1,
+            };
+            // SAFETY: AVX-512F was detected (`uses_pixel_major`); B = cols[n0..] holds `width`
+            // rows of `rows` (asserted); C = part columns n0 .. n0 + len of cog rows at stride
+            // `rows`, inside part (asserted), this task's own.
+            unsafe {
+                multiply(
+                    packed,
+                    b,
+                    len,
+                    init,
+                    part.as_mut_ptr().add(n0),
+                    rows,
+                    &mut self.packed_b,
+                )
+            };
+        }
+        self.stats.weight_gemms += 1;
+    }
+
     /// `part[o, r] = beta * part[o, r] + sum_col gt[o, col] * cols[r, col]`.
     fn weight_gradient(
         &mut self,
@@ -1247,6 +1458,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let cog = self.g.c_out_per_group();
         debug_assert!(gt.len() >= cog * width && cols.len() >= rows * width);
         debug_assert!(part.len() >= cog * rows);
+        #[cfg(target_arch = "x86_64")]
+        if self.pixel_major {
+            return self.weight_gradient_tap_major(rows, width, gt, cols, part, beta);
+        }
         // SAFETY: part is cog x rows row-major, exclusive (checked above).
         if unsafe { self.weight_gemm_avx512(rows, width, gt, cols, part.as_mut_ptr(), rows, beta) }
         {

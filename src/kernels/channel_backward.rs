@@ -6,9 +6,8 @@
 //! Planes are pixel-major, `[cell][channels]` over the padded cells of the task's
 //! [`super::taps::PlaneLayout`] (a tap's base already includes its image's plane), so one
 //! corner of sixteen channels is one vector load, or one vector read-modify-write for the
-//! scatter. `gcol` and `cols` keep the GEMMs' channel-major `[(c K + k)][tile]` form; blocks of
-//! 16 pixels x 16 channels are turned by register transposes through a small pixel-major
-//! staging buffer.
+//! scatter. `gcol` and `cols` are pixel-major too, `[(q K + k) * C_seg + c]`: the driver's
+//! GEMMs produce and consume them in that orientation, so no transposes are needed.
 //!
 //! Per (channel, sample) the IEEE operations are those of `coord` and `col2im` (plain
 //! multiplies and adds, no fused multiply-add), so `cols` is bitwise the scalar definition.
@@ -16,13 +15,13 @@
 //! count and of which gradients are asked for):
 //! - a sample's sums over channels (`dy`, `dx`, `mask`) are sixteen running lane sums over the
 //!   channel blocks, reduced by a fixed tree, instead of one ascending chain;
-//! - each grad_input cell receives its additions ordered by (16-pixel block, tap, pixel)
-//!   rather than (tap, pixel): a block's nine taps then touch the same few input rows while
-//!   they are in cache.
+//! - each grad_input cell receives its additions ordered by (pixel, tap) rather than (tap,
+//!   pixel): a pixel's taps touch the same few input rows, and `gcol` / `cols` stream in
+//!   memory order.
 //!
-//! Loop order per 16-pixel block and tap: pixels outside, channel blocks inside, so that two
-//! read-modify-writes of one cell (neighbouring pixels share corners) are a whole channel loop
-//! apart and never wait on each other.
+//! Loop order: pixels, then taps, then channel blocks, so that two read-modify-writes of one
+//! cell (neighbouring taps and pixels share corners) are a whole channel loop apart and never
+//! wait on each other.
 
 use std::ops::Range;
 
@@ -55,10 +54,10 @@ pub(crate) struct Outputs {
 }
 
 /// For the channels `channels` (indices inside a cell) of one segment: scatters `gcol`
-/// (`[(c - channels.start) K + k][tile]`) into `grad`, accumulates the offset and mask
-/// gradients into `out.dy`, `out.dx`, `out.mask` (`[k][tile]`) and writes `out.cols` (rows as
-/// `gcol`'s), as [`Outputs`] asks, reading corners of `input`. Planes not needed may be empty;
-/// `stage` is reusable scratch.
+/// (`[(q K + k) * channels.len() + c - channels.start]`) into `grad`, accumulates the offset
+/// and mask gradients into `out.dy`, `out.dx`, `out.mask` (`[k][tile]`) and writes `out.cols`
+/// (laid out as `gcol`), as [`Outputs`] asks, reading corners of `input`. Slices not needed
+/// may be empty.
 ///
 /// # Safety
 /// The CPU must support AVX-512F.
@@ -77,14 +76,11 @@ pub(crate) unsafe fn run(
     channels: Range<usize>,
     want: Outputs,
     out: SampleOut<'_, f32>,
-    stage: &mut Vec<f32>,
 ) {
     macro_rules! go {
         ($s:literal, $o:literal, $m:literal, $c:literal) => {
             // SAFETY: the caller's contract (AVX-512F).
-            unsafe {
-                pass::<$s, $o, $m, $c>(input, grad, shape, table, gcol, channels, out, stage)
-            }
+            unsafe { pass::<$s, $o, $m, $c>(input, grad, shape, table, gcol, channels, out) }
         };
     }
     match (want.scatter, want.offset, want.mask, want.cols) {
@@ -107,7 +103,7 @@ pub(crate) unsafe fn run(
     }
 }
 
-/// Channels (and pixels) per block.
+/// Channels per vector.
 const LANES: usize = 16;
 
 /// [`run`] for one combination of outputs.
@@ -116,7 +112,6 @@ const LANES: usize = 16;
 /// AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     input: &[f32],
     grad: &mut [f32],
@@ -125,9 +120,8 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
     gcol: &[f32],
     channels: Range<usize>,
     out: SampleOut<'_, f32>,
-    stage: &mut Vec<f32>,
 ) {
-    use crate::kernels::transpose::{first_lanes, transpose16};
+    use crate::kernels::transpose::first_lanes;
     use std::arch::x86_64::*;
 
     let CellShape {
@@ -158,134 +152,90 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
     assert!(!need_in || cells_needed(table.max_base) <= input.len());
     assert!(!SCATTER || cells_needed(table.max_scatter) <= grad.len());
     let corner = [0, cpc, pitch * cpc, (pitch + 1) * cpc];
-
-    // Staging, pixel-major: the block's column gradient and its columns, row `p` of
-    // `padded` values (channel blocks rounded up to 16, padding lanes zero).
-    let padded = count.div_ceil(LANES) * LANES;
-    stage.clear();
-    stage.resize(2 * LANES * padded, 0.0);
-    let (g_stage, c_stage) = stage.split_at_mut(LANES * padded);
-    let blocks = padded / LANES;
     let zero = _mm512_setzero_ps();
     let one = _mm512_set1_ps(1.0);
     let (input_at, grad_at) = (input.as_ptr(), grad.as_mut_ptr());
 
-    for q0 in (0..tile).step_by(LANES) {
-        let nq = LANES.min(tile - q0);
-        let live = first_lanes(nq);
+    for q in 0..tile {
         for k in 0..k_taps {
-            let at = k * tile + q0;
-            if need_g {
-                for b in 0..blocks {
-                    let nc = LANES.min(count - b * LANES);
-                    let mut r = [zero; LANES];
-                    for (i, v) in r.iter_mut().enumerate().take(nc) {
-                        let row = ((b * LANES + i) * k_taps + k) * tile + q0;
-                        // SAFETY: row + nq <= count * entries <= gcol.len() (asserted).
-                        *v = unsafe { _mm512_maskz_loadu_ps(live, gcol.as_ptr().add(row)) };
-                    }
-                    // SAFETY: AVX-512F.
-                    unsafe { transpose16(&mut r) };
-                    for (p, v) in r.iter().enumerate().take(nq) {
-                        // SAFETY: p * padded + b * 16 + 16 <= 16 * padded = g_stage.len().
+            let e = k * tile + q;
+            // This sample's row of `gcol` and `cols`.
+            let row = (q * k_taps + k) * count;
+            let m = _mm512_set1_ps(table.m[e]);
+            let w: [__m512; 4] = std::array::from_fn(|j| _mm512_set1_ps(table.weights[j][e]));
+            let (ly, lx) = (_mm512_set1_ps(table.ly[e]), _mm512_set1_ps(table.lx[e]));
+            let inside: __mmask16 = if table.inside[e] != 0 { 0xFFFF } else { 0 };
+            let gather = table.gather[e] as usize * cpc + channels.start;
+            let scatter = table.scatter[e] as usize * cpc + channels.start;
+            debug_assert!(table.gather[e] as usize <= table.max_base);
+            debug_assert!(table.scatter[e] as usize <= table.max_scatter);
+            let (mut sy, mut sx, mut sm) = (zero, zero, zero);
+            for o in (0..count).step_by(LANES) {
+                let cm = first_lanes(LANES.min(count - o));
+                let g = if need_g {
+                    // SAFETY: row + count <= count * entries <= gcol.len() (asserted).
+                    unsafe { _mm512_maskz_loadu_ps(cm, gcol.as_ptr().add(row + o)) }
+                } else {
+                    zero
+                };
+                let gm = _mm512_mul_ps(g, m);
+                if need_in {
+                    // SAFETY: the entry's gather base is at most max_base, so its corner
+                    // cells end inside `input` (asserted above); lanes past the segment's
+                    // channels are masked off (channels.end <= cpc).
+                    let v: [__m512; 4] = std::array::from_fn(|j| unsafe {
+                        _mm512_maskz_loadu_ps(cm, input_at.add(gather + corner[j] + o))
+                    });
+                    let bil = _mm512_add_ps(
+                        _mm512_add_ps(
+                            _mm512_add_ps(_mm512_mul_ps(w[0], v[0]), _mm512_mul_ps(w[1], v[1])),
+                            _mm512_mul_ps(w[2], v[2]),
+                        ),
+                        _mm512_mul_ps(w[3], v[3]),
+                    );
+                    let bil = _mm512_maskz_mov_ps(inside, bil);
+                    if COLS {
+                        // SAFETY: row + count <= cols.len() (asserted).
                         unsafe {
-                            _mm512_storeu_ps(g_stage.as_mut_ptr().add(p * padded + b * LANES), *v)
-                        };
+                            let at = cols.as_mut_ptr().add(row + o);
+                            _mm512_mask_storeu_ps(at, cm, _mm512_mul_ps(m, bil));
+                        }
                     }
-                }
-            }
-            for p in 0..nq {
-                let e = at + p;
-                let m = _mm512_set1_ps(table.m[e]);
-                let w: [__m512; 4] = std::array::from_fn(|j| _mm512_set1_ps(table.weights[j][e]));
-                let (ly, lx) = (_mm512_set1_ps(table.ly[e]), _mm512_set1_ps(table.lx[e]));
-                let inside: __mmask16 = if table.inside[e] != 0 { 0xFFFF } else { 0 };
-                let gather = table.gather[e] as usize * cpc + channels.start;
-                let scatter = table.scatter[e] as usize * cpc + channels.start;
-                debug_assert!(table.gather[e] as usize <= table.max_base);
-                debug_assert!(table.scatter[e] as usize <= table.max_scatter);
-                let (mut sy, mut sx, mut sm) = (zero, zero, zero);
-                for b in 0..blocks {
-                    let o = b * LANES;
-                    let cm = first_lanes(LANES.min(count - o));
-                    // SAFETY: staging row p holds `padded` values.
-                    let g = unsafe { _mm512_loadu_ps(g_stage.as_ptr().add(p * padded + o)) };
-                    let gm = _mm512_mul_ps(g, m);
-                    if need_in {
-                        // SAFETY: the entry's gather base is at most max_base, so its corner
-                        // cells end inside `input` (asserted above); lanes past the segment's
-                        // channels are masked off (channels.end <= cpc).
-                        let v: [__m512; 4] = std::array::from_fn(|j| unsafe {
-                            _mm512_maskz_loadu_ps(cm, input_at.add(gather + corner[j] + o))
-                        });
-                        let bil = _mm512_add_ps(
-                            _mm512_add_ps(
-                                _mm512_add_ps(_mm512_mul_ps(w[0], v[0]), _mm512_mul_ps(w[1], v[1])),
-                                _mm512_mul_ps(w[2], v[2]),
-                            ),
-                            _mm512_mul_ps(w[3], v[3]),
+                    if OFFSET {
+                        let wy = _mm512_add_ps(
+                            _mm512_mul_ps(lx, _mm512_sub_ps(v[3], v[1])),
+                            _mm512_mul_ps(_mm512_sub_ps(one, lx), _mm512_sub_ps(v[2], v[0])),
                         );
-                        let bil = _mm512_maskz_mov_ps(inside, bil);
-                        if COLS {
-                            // SAFETY: as for the staging load above.
-                            unsafe {
-                                let at = c_stage.as_mut_ptr().add(p * padded + o);
-                                _mm512_storeu_ps(at, _mm512_mul_ps(m, bil));
-                            }
-                        }
-                        if OFFSET {
-                            let wy = _mm512_add_ps(
-                                _mm512_mul_ps(lx, _mm512_sub_ps(v[3], v[1])),
-                                _mm512_mul_ps(_mm512_sub_ps(one, lx), _mm512_sub_ps(v[2], v[0])),
-                            );
-                            let wx = _mm512_add_ps(
-                                _mm512_mul_ps(ly, _mm512_sub_ps(v[3], v[2])),
-                                _mm512_mul_ps(_mm512_sub_ps(one, ly), _mm512_sub_ps(v[1], v[0])),
-                            );
-                            sy = _mm512_mask_add_ps(sy, cm, sy, _mm512_mul_ps(gm, wy));
-                            sx = _mm512_mask_add_ps(sx, cm, sx, _mm512_mul_ps(gm, wx));
-                        }
-                        if MASK {
-                            sm = _mm512_mask_add_ps(sm, cm, sm, _mm512_mul_ps(g, bil));
-                        }
+                        let wx = _mm512_add_ps(
+                            _mm512_mul_ps(ly, _mm512_sub_ps(v[3], v[2])),
+                            _mm512_mul_ps(_mm512_sub_ps(one, ly), _mm512_sub_ps(v[1], v[0])),
+                        );
+                        sy = _mm512_mask_add_ps(sy, cm, sy, _mm512_mul_ps(gm, wy));
+                        sx = _mm512_mask_add_ps(sx, cm, sx, _mm512_mul_ps(gm, wx));
                     }
-                    if SCATTER {
-                        for (j, &d) in corner.iter().enumerate() {
-                            // SAFETY: as for the gather, with max_scatter and `grad`; this
-                            // task owns the planes.
-                            unsafe {
-                                let cell = grad_at.add(scatter + d + o);
-                                let old = _mm512_maskz_loadu_ps(cm, cell);
-                                let new = _mm512_add_ps(old, _mm512_mul_ps(gm, w[j]));
-                                _mm512_mask_storeu_ps(cell, cm, new);
-                            }
-                        }
+                    if MASK {
+                        sm = _mm512_mask_add_ps(sm, cm, sm, _mm512_mul_ps(g, bil));
                     }
                 }
-                if OFFSET {
-                    dy[e] += _mm512_reduce_add_ps(sy);
-                    dx[e] += _mm512_reduce_add_ps(sx);
-                }
-                if MASK {
-                    mask[e] += _mm512_reduce_add_ps(sm);
+                if SCATTER {
+                    for (j, &d) in corner.iter().enumerate() {
+                        // SAFETY: as for the gather, with max_scatter and `grad`; this task
+                        // owns the planes.
+                        unsafe {
+                            let cell = grad_at.add(scatter + d + o);
+                            let old = _mm512_maskz_loadu_ps(cm, cell);
+                            let new = _mm512_add_ps(old, _mm512_mul_ps(gm, w[j]));
+                            _mm512_mask_storeu_ps(cell, cm, new);
+                        }
+                    }
                 }
             }
-            if COLS {
-                for b in 0..blocks {
-                    let nc = LANES.min(count - b * LANES);
-                    let mut r = [zero; LANES];
-                    for (p, v) in r.iter_mut().enumerate().take(nq) {
-                        // SAFETY: staging row p holds `padded` values.
-                        *v = unsafe { _mm512_loadu_ps(c_stage.as_ptr().add(p * padded + b * LANES)) };
-                    }
-                    // SAFETY: AVX-512F.
-                    unsafe { transpose16(&mut r) };
-                    for (i, v) in r.iter().enumerate().take(nc) {
-                        let row = ((b * LANES + i) * k_taps + k) * tile + q0;
-                        // SAFETY: row + nq <= count * entries <= cols.len() (asserted).
-                        unsafe { _mm512_mask_storeu_ps(cols.as_mut_ptr().add(row), live, *v) };
-                    }
-                }
+            if OFFSET {
+                dy[e] += _mm512_reduce_add_ps(sy);
+                dx[e] += _mm512_reduce_add_ps(sx);
+            }
+            if MASK {
+                mask[e] += _mm512_reduce_add_ps(sm);
             }
         }
     }
