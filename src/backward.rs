@@ -930,7 +930,7 @@ mod tests {
     fn w4_full_backward_workspace_is_below_64_mib() {
         let params = ConvParams::default().padding(1, 1);
         let g = Geometry::new([2, 256, 64, 64], [256, 256, 3, 3], &params).unwrap();
-        let plan = driver::Plan::new(&g);
+        let plan = driver::Plan::new(&g, true);
         let all = Needs {
             input: true,
             offset: true,
@@ -947,7 +947,7 @@ mod tests {
         // Past MIN_TASKS images the workspace no longer depends on the batch size.
         let at = |n: usize| {
             let g = Geometry::new([n, 256, 64, 64], [256, 256, 3, 3], &params).unwrap();
-            4 * driver::Plan::new(&g).workspace_elements(&g, all, 2, tap_elems)
+            4 * driver::Plan::new(&g, true).workspace_elements(&g, all, 2, tap_elems)
         };
         assert_eq!(at(16), at(128));
         assert!(at(16) < 64 << 20, "{} MiB", at(16) >> 20);

@@ -3,21 +3,31 @@
 //!
 //! **Partition** (depends only on the problem's shape, never on the thread count or on which
 //! gradients are wanted):
-//! - images are cut into *image groups*: an image with at least [`TILE_PIXELS`] output pixels is
-//!   a group of its own, cut into near-equal pixel tiles of at most [`TILE_PIXELS`]; smaller
-//!   images are packed, whole, a near-equal number per group, into one tile of at most
-//!   [`TILE_PIXELS`] columns (so the GEMMs see wide enough matrices);
+//! - images are cut into *image groups*: an image with at least `P` output pixels is a group of
+//!   its own, cut into near-equal pixel tiles of at most `P`; smaller images are packed, whole,
+//!   a near-equal number per group, into one tile of at most `P` columns (so the GEMMs see wide
+//!   enough matrices). `P` is [`TILE_PIXELS`], or on the pixel-major path the width whose
+//!   column gradient is about [`PIXEL_MAJOR_TILE_BYTES`] (64 to 512 pixels);
 //! - groups are dealt round-robin to `R` *slots*, `R = clamp(ceil(MIN_TASKS / G_off), 1, groups)`;
 //! - a *task* is a (slot, offset group) pair and walks its slot's groups in order.
 //!
 //! **Ownership**: a task is the only writer of `grad_input[n, c]` and of `grad_offset` /
 //! `grad_mask[n, channels of its offset group]` for the images of its slot, so it writes them
-//! without atomics; it sums over the channels of its offset group itself, in ascending order.
+//! without atomics; it sums over the channels of its offset group itself, in a fixed order.
 //! `grad_weight` columns of an offset group's channels are summed by the task over its slot's
 //! groups in order: slot 0 straight into the output, the other slots into private partials,
-//! which are added to the output in slot order at the end.
+//! which are added to the output in slot order at the end (pixel-major path: every slot into
+//! a partial, gathered in slot order).
 //!
-//! **Per tile** (for each segment = offset group ∩ conv group, channels ascending):
+//! **Two layouts.** Deformable `f32` on AVX-512 runs *pixel-major*: input and grad_input planes
+//! are `[cell][channel]`, `gcol` and `cols` are `[pixel][k][channel]`, the GEMMs are turned
+//! around to produce and consume that orientation (`weight` permuted tap-major and packed once
+//! per call), and one fused pass of [`crate::kernels::channel_backward`] does col2im and coord
+//! sixteen channels per vector. Everything else runs *channel-major*: planes `[channel][cell]`,
+//! `gcol`, `cols` as below, col2im and coord per channel.
+//!
+//! **Per tile** (for each segment = offset group ∩ conv group, channels ascending; shown
+//! channel-major):
 //! ```text
 //! taps[k, p]           = sampling of (offset group, tap, pixel)        (once per tile)
 //! gt[o, p]             = grad_out[n, group(o), p]                      (packed copy)
@@ -31,13 +41,14 @@
 //! ```text
 //! ```
 //!
-//! **Workspace** (elements of `T`, `t = min(threads, tasks)` tasks running at once, `P` =
-//! [`TILE_PIXELS`], `Cs` = channels of the largest segment, `I` = images per group (1 when
+//! **Workspace** (elements of `T`, `t = min(threads, tasks)` tasks running at once, `P` the
+//! tile width, `Cs` = channels of the largest segment, `I` = images per group (1 when
 //! `H_out W_out >= P`, else at most `P / (H_out W_out)`), `Pl = (H+2)(W+2)`, `(H+2)(W+3)` for
 //! DCN v1's replicated planes):
 //! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~12 K P (taps)] + (R - 1) |weight|`
-//! (`+ |weight|` when the caller's `grad_weight` is not row-major); nothing grows with the batch
-//! size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 42 MB. The planes, column
+//! (`+ |weight|` when the caller's `grad_weight` is not row-major; pixel-major: `R |weight|`
+//! partials plus the packed tap-major weight, about `1.1 |weight|`); nothing grows with the
+//! batch size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 29 MiB pixel-major. The planes, column
 //! buffers and packed `grad_out` come from, and go back to, a per-thread cache kept between
 //! calls (at most 32 MiB per thread, see [`crate::scratch`]).
 
@@ -55,10 +66,19 @@ use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, Torchvis
 
 use crate::scratch;
 
-/// Most output pixels in one tile (GEMM width). 512 rather than 256: the column-gradient GEMM
-/// repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward at 256 (1 thread;
-/// the machine was too contended to resolve 512 vs 1024).
+/// Most output pixels in one tile (GEMM width) of the channel-major path. 512 rather than 256:
+/// matrixmultiply repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward
+/// at 256 (1 thread; the machine was too contended to resolve 512 vs 1024).
 pub(crate) const TILE_PIXELS: usize = 512;
+/// Bytes of column gradient per tile the pixel-major path aims for (its tile is at most
+/// [`TILE_PIXELS`] and at least [`MIN_TILE_PIXELS`] wide), so that the fused pass streams
+/// `gcol` and `cols` while they are still in L2. Measured on W4 (`f32`, 1 thread, one run):
+/// backward 123 ms at 512 pixels (4.5 MiB), 112 at 256, 100 at 128, 104 at 64; W2 (2 threads)
+/// 23.7 ms at 5 images per tile, 21.8 at 2 and 1. Alternating 2-thread runs of 512 KiB (W4 64
+/// pixels, W2 2 images) and 1 MiB did not separate them beyond the machine's noise.
+const PIXEL_MAJOR_TILE_BYTES: usize = 512 << 10;
+/// The narrowest pixel-major tile (the GEMMs lose efficiency below).
+const MIN_TILE_PIXELS: usize = 64;
 /// Columns of `B` per call of the pixel-major GEMMs: a `KC x 480` packed block (480 KiB)
 /// stays in L2 while every row panel of `A` passes over it.
 const GEMM_COLUMNS: usize = 480;
@@ -97,6 +117,8 @@ struct Segment {
 /// The fixed decomposition of one problem.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
+    /// Planned for the pixel-major path (narrower tiles, tap-major weight partials).
+    pixel_major: bool,
     groups: Vec<ImageGroup>,
     slots: usize,
     max_tile: usize,
@@ -105,11 +127,20 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// The partition of the module docs for `g`.
-    pub(crate) fn new(g: &Geometry) -> Plan {
+    pub(crate) fn new(g: &Geometry, pixel_major: bool) -> Plan {
         let hw = g.out_pixels();
+        let tile_pixels = if pixel_major {
+            // One pixel's column gradient: K taps of the widest segment (<= C_in/G_off), f32.
+            let per_pixel = (g.taps() * g.c_per_offset_group() * 4).max(1);
+            (PIXEL_MAJOR_TILE_BYTES / per_pixel)
+                .next_multiple_of(16)
+                .clamp(MIN_TILE_PIXELS, TILE_PIXELS)
+        } else {
+            TILE_PIXELS
+        };
         let mut groups = Vec::new();
-        if hw >= TILE_PIXELS {
-            let n_tiles = hw.div_ceil(TILE_PIXELS);
+        if hw >= tile_pixels {
+            let n_tiles = hw.div_ceil(tile_pixels);
             let width = hw.div_ceil(n_tiles);
             for n in 0..g.n {
                 let tiles = (0..hw)
@@ -128,7 +159,7 @@ impl Plan {
                 });
             }
         } else if g.n > 0 {
-            let per_group = (TILE_PIXELS / hw).max(1);
+            let per_group = (tile_pixels / hw).max(1);
             let n_groups = g.n.div_ceil(per_group);
             let per_group = g.n.div_ceil(n_groups);
             for first in (0..g.n).step_by(per_group) {
@@ -163,6 +194,7 @@ impl Plan {
             slots,
             max_tile,
             max_images,
+            pixel_major,
         }
     }
 
@@ -222,12 +254,18 @@ impl Plan {
             per_task += cs * k * p;
         }
         let weight = g.c_out * g.c_in_per_group() * k;
-        let partials = if want.weight {
-            (self.slots - 1) * weight
+        // The pixel-major path keeps a partial per slot and the weight packed tap-major.
+        let partials = match (want.weight, self.pixel_major) {
+            (false, _) => 0,
+            (true, false) => (self.slots - 1) * weight,
+            (true, true) => self.slots * weight,
+        };
+        let tap_major = if self.pixel_major && want.gcol() {
+            weight + weight / 10
         } else {
             0
         };
-        running * per_task + partials
+        running * per_task + partials + tap_major
     }
 }
 
@@ -412,7 +450,12 @@ pub(crate) fn run<T: Float>(
         }
         return Stats::default();
     }
-    let plan = Plan::new(g);
+    let candidate = pixel_major_candidate(ops);
+    let plan = Plan::new(g, candidate);
+    let layout = PlaneLayout::for_convention(ops.convention, g.h, g.w);
+    // Every cell index must fit the column table's i32 bases.
+    let pixel_major =
+        candidate && plan.max_images.saturating_mul(layout.len()) <= (i32::MAX as usize) / 2;
     let n_tasks = plan.tasks(g);
     let mut per_task: Vec<Vec<(usize, ImageOut<'_, T>)>> =
         (0..n_tasks).map(|_| Vec::new()).collect();
@@ -422,7 +465,6 @@ pub(crate) fn run<T: Float>(
     }
     let weight_len = g.c_out * g.c_in_per_group() * g.taps();
     let mut weight_out = weight_out.filter(|_| needs.weight);
-    let pixel_major = uses_pixel_major(g, &plan, ops);
     // The pixel-major path's weight partials are tap-major, so every slot keeps its own.
     let shared = weight_out.as_deref_mut().filter(|_| !pixel_major).map(|w| {
         debug_assert_eq!(w.len(), weight_len);
@@ -434,7 +476,11 @@ pub(crate) fn run<T: Float>(
     let weights = if !needs.gcol() {
         Weights::None
     } else if pixel_major {
-        permute_weight(g, ops).map_or(Weights::None, Weights::TapMajor)
+        #[cfg(target_arch = "x86_64")]
+        let tap_major = permute_weight(g, ops);
+        #[cfg(not(target_arch = "x86_64"))]
+        let tap_major = None;
+        tap_major.unwrap_or(Weights::None)
     } else {
         pack_weight_t(g, ops).map_or(Weights::None, Weights::Packed)
     };
@@ -458,9 +504,6 @@ pub(crate) fn run<T: Float>(
             add_partials(g, &plan, &results, w);
         }
     }
-    if let Weights::TapMajor(per_group) = weights {
-        per_group.into_iter().flatten().for_each(scratch::give);
-    }
     for (part, _) in results {
         scratch::give(part);
     }
@@ -473,26 +516,29 @@ enum Weights {
     None,
     /// Per offset group, per segment, `weightᵀ` packed for the AVX-512 `f32` GEMM.
     Packed(Vec<Vec<PackedWeightT>>),
-    /// Per offset group, per segment, the pixel-major path's `B`:
-    /// `[o][k * C_seg + c] = weight[group o, c, k]`.
-    TapMajor(Vec<Vec<Vec<f32>>>),
+    /// Per offset group, per segment, the pixel-major path's `B`,
+    /// `[o][k * C_seg + c] = weight[group o, c, k]`, packed in blocks of [`GEMM_COLUMNS`]
+    /// columns.
+    #[cfg(target_arch = "x86_64")]
+    TapMajor(Vec<Vec<Vec<crate::kernels::sgemm::PackedB>>>),
 }
 
-/// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): deformable,
-/// `f32` on AVX-512, and every cell index fits the column table's `i32` bases. Measured on W4
-/// (1 thread): see the commit message.
-fn uses_pixel_major<T: Float>(g: &Geometry, plan: &Plan, ops: &Operands<'_, T>) -> bool {
-    let layout = PlaneLayout::for_convention(ops.convention, g.h, g.w);
+/// Whether the backward may run pixel-major ([`crate::kernels::channel_backward`]):
+/// deformable, `f32` on AVX-512 (and, checked once planned, every cell index fits the column
+/// table's `i32` bases). Measured on W4 (`f32`, 1 thread): backward 175 -> 100 ms against the
+/// channel-major col2im + coord kernels (same run: forward 53 ms).
+fn pixel_major_candidate<T: Float>(ops: &Operands<'_, T>) -> bool {
     cfg!(target_arch = "x86_64")
         && (ops.offset.is_some() || ops.mask.is_some())
         && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
         && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-        && plan.max_images.saturating_mul(layout.len()) <= (i32::MAX as usize) / 2
 }
 
 /// [`Weights::TapMajor`] of the operands (`None` without a weight or when `T` is not `f32`).
-/// Rows in parallel; the buffers come from the scratch cache.
-fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Vec<Vec<Vec<f32>>>> {
+/// Rows in parallel.
+#[cfg(target_arch = "x86_64")]
+fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Weights> {
+    use crate::kernels::sgemm::{MatB, PackedB};
     let weight = crate::kernels::same_type::<T, f32>(ops.weight?)?;
     let k_taps = g.taps();
     let cink = g.c_in_per_group() * k_taps;
@@ -511,13 +557,27 @@ fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Vec<V
                     }
                 }
             });
-        out
+        let rows = cs * k_taps;
+        let blocks = (0..rows)
+            .step_by(GEMM_COLUMNS)
+            .map(|n0| {
+                let b = MatB {
+                    data: &out[n0..],
+                    rs: rows,
+                    cs: 1,
+                };
+                // SAFETY: AVX-512F was detected (`pixel_major_candidate`).
+                unsafe { PackedB::pack(b, cog, GEMM_COLUMNS.min(rows - n0)) }
+            })
+            .collect();
+        scratch::give(out);
+        blocks
     };
-    Some(
+    Some(Weights::TapMajor(
         (0..g.offset_groups)
             .map(|og| segments(g, og).iter().map(permute).collect())
             .collect(),
-    )
+    ))
 }
 
 /// `grad_weight[o, c' K + k] = sum over slots, in slot order, of the tap-major partials
@@ -598,7 +658,7 @@ struct Task<'p, 'a, T> {
     segs: Vec<Segment>,
     /// The weight prepared for the column-gradient GEMM.
     weights: &'p Weights,
-    /// Planes, column gradient and columns pixel-major (see [`uses_pixel_major`]).
+    /// Planes, column gradient and columns pixel-major (see [`pixel_major_candidate`]).
     pixel_major: bool,
     /// The GEMM's packed `B` block (reused across tiles).
     packed_b: Vec<f32>,
@@ -1283,8 +1343,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         self.stats.gcol_gemms += 1;
         #[cfg(target_arch = "x86_64")]
         if let Weights::TapMajor(per_group) = self.weights {
-            let b = &per_group[self.og][si];
-            return self.column_gradient_tap_major(rows, width, gt, b, gcol);
+            let blocks = &per_group[self.og][si];
+            return self.column_gradient_tap_major(rows, width, gt, blocks, gcol);
         }
         #[cfg(target_arch = "x86_64")]
         if let Weights::Packed(per_group) = self.weights {
@@ -1337,18 +1397,18 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     }
 
     /// The pixel-major column gradient `gcol[q, k C_seg + c] = sum_o gt[o, q] * b[o, k C_seg + c]`
-    /// (`b` the segment's [`Weights::TapMajor`] block): `A = gtᵀ` packed per tile, `B = b`
-    /// in column blocks of [`GEMM_COLUMNS`].
+    /// (`b` the segment's [`Weights::TapMajor`] blocks of [`GEMM_COLUMNS`] columns): `A = gtᵀ`
+    /// packed per tile.
     #[cfg(target_arch = "x86_64")]
     fn column_gradient_tap_major(
         &mut self,
         rows: usize,
         width: usize,
         gt: &[T],
-        b: &[f32],
+        blocks: &[crate::kernels::sgemm::PackedB],
         gcol: &mut [T],
     ) {
-        use crate::kernels::sgemm::{multiply, Init, MatB, PackedA};
+        use crate::kernels::sgemm::{multiply_packed, Init, PackedA};
         use crate::kernels::{same_type, same_type_mut};
         let cog = self.g.c_out_per_group();
         let (Some(gt), Some(gcol)) = (same_type::<T, f32>(gt), same_type_mut::<T, f32>(gcol))
@@ -1356,33 +1416,21 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             debug_assert!(false, "tap-major weights exist only for f32");
             return;
         };
-        assert!(b.len() >= cog * rows && gcol.len() >= width * rows && gt.len() >= cog * width);
+        assert!(gcol.len() >= width * rows && gt.len() >= cog * width);
+        assert_eq!(blocks.iter().map(|b| b.len()).sum::<usize>(), rows);
         let packed = self
             .packed_gt_t
             .get_or_insert_with(|| PackedA::pack_strided(&[], 0, 0, 0, 0));
         // Element (q, o) of gtᵀ is gt[o * width + q].
         packed.repack(gt, width, cog, 1, width);
-        for n0 in (0..rows).step_by(GEMM_COLUMNS) {
-            let len = GEMM_COLUMNS.min(rows - n0);
-            let b = MatB {
-                data: &b[n0..],
-                rs: rows,
-                cs: 1,
-            };
-            // SAFETY: AVX-512F was detected (`uses_pixel_major`); B = b[n0..] holds cog rows of
-            // `rows` (asserted); C = gcol columns n0 .. n0 + len of `width` rows at stride
-            // `rows`, inside gcol (asserted) and exclusive to this task.
-            unsafe {
-                multiply(
-                    packed,
-                    b,
-                    len,
-                    Init::Zero,
-                    gcol.as_mut_ptr().add(n0),
-                    rows,
-                    &mut self.packed_b,
-                )
-            };
+        let mut n0 = 0;
+        for b in blocks {
+            // SAFETY: AVX-512F was detected (`pixel_major_candidate`); B has depth cog (packed so by
+            // `permute_weight`); C = gcol columns n0 .. n0 + b.len() of `width` rows at stride
+            // `rows`, inside gcol (the blocks' columns sum to `rows`, asserted) and exclusive
+            // to this task.
+            unsafe { multiply_packed(packed, b, Init::Zero, gcol.as_mut_ptr().add(n0), rows) };
+            n0 += b.len();
         }
     }
 
@@ -1427,7 +1475,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 rs: rows,
                 cs: 1,
             };
-            // SAFETY: AVX-512F was detected (`uses_pixel_major`); B = cols[n0..] holds `width`
+            // SAFETY: AVX-512F was detected (`pixel_major_candidate`); B = cols[n0..] holds `width`
             // rows of `rows` (asserted); C = part columns n0 .. n0 + len of cog rows at stride
             // `rows`, inside part (asserted), this task's own.
             unsafe {

@@ -117,13 +117,12 @@ pub(crate) enum Init<'a> {
 }
 
 /// Copies rows `r0 .. r0 + kc`, columns `0 .. len` of `b` into panels of [`NR`] columns,
-/// `[panel][k][NR]`, zero past `len`.
+/// `[panel][k][NR]`, zero past `len`. Every element of `out` (`ceil(len / NR) * kc * NR`
+/// values) is written.
 #[target_feature(enable = "avx512f")]
-fn pack_b(b: MatB<'_>, r0: usize, kc: usize, len: usize, out: &mut Vec<f32>) {
+fn pack_b(b: MatB<'_>, r0: usize, kc: usize, len: usize, out: &mut [f32]) {
     let panels = len.div_ceil(NR);
-    // Every element is written below (values or the zero padding), so stale contents of a
-    // longer earlier block never survive.
-    out.resize(out.len().max(panels * kc * NR), 0.0);
+    assert_eq!(out.len(), panels * kc * NR);
     for p in 0..panels {
         let (q0, width) = (p * NR, NR.min(len - p * NR));
         let panel = &mut out[p * kc * NR..][..kc * NR];
@@ -210,50 +209,163 @@ pub(crate) unsafe fn multiply(
         return;
     }
     if depth == 0 {
-        for o in 0..rows {
-            let v = match init {
-                Init::Bias(bias) => bias[o],
-                Init::Zero => 0.0,
-                Init::Accumulate => continue,
-            };
-            for q in 0..len {
-                // SAFETY: o < rows, q < len: inside the caller's region.
-                unsafe { *c.add(o * ldc + q) = v };
-            }
-        }
-        return;
+        // SAFETY: the caller's contract.
+        return unsafe { fill_init(rows, len, init, c, ldc) };
     }
+    let panels = len.div_ceil(NR);
     let mut r0 = 0;
     while r0 < depth {
         let kc = KC.min(depth - r0);
-        pack_b(b, r0, kc, len, bp);
-        for p in 0..rows.div_ceil(MR) {
-            let live = MR.min(rows - p * MR);
-            let ap = &a.data[(p * depth + r0) * MR..][..kc * MR];
-            let start = match (r0, init) {
-                (0, Init::Bias(bias)) => Start::Bias(&bias[p * MR..][..live]),
-                (0, Init::Zero) => Start::Zero,
-                _ => Start::Load,
-            };
-            for (jp, panel) in bp[..len.div_ceil(NR) * kc * NR]
-                .chunks_exact(kc * NR)
-                .enumerate()
-            {
-                let q0 = jp * NR;
-                let width = NR.min(len - q0);
-                // SAFETY: block rows p*MR .. + live < rows and columns q0 .. + width <= len
-                // lie in the caller's region; `ap` holds kc x MR and `panel` kc x NR values.
-                unsafe {
-                    let cp = c.add(p * MR * ldc + q0);
-                    match width.div_ceil(LANES) {
-                        3 => block::<3>(kc, ap, panel, cp, ldc, live, width, start),
-                        2 => block::<2>(kc, ap, panel, cp, ldc, live, width, start),
-                        _ => block::<1>(kc, ap, panel, cp, ldc, live, width, start),
-                    }
+        bp.resize(bp.len().max(panels * kc * NR), 0.0);
+        let block = &mut bp[..panels * kc * NR];
+        pack_b(b, r0, kc, len, block);
+        // SAFETY: the caller's contract; `block` is the packed depth block r0 .. r0 + kc.
+        unsafe { update(a, r0, kc, block, len, init, c, ldc) };
+        r0 += kc;
+    }
+}
+
+/// `B` (`depth x len`) packed once for many products: its depth blocks of [`KC`] rows one
+/// after the other, each laid out as the GEMM packs a block.
+#[derive(Debug)]
+pub(crate) struct PackedB {
+    data: Vec<f32>,
+    depth: usize,
+    len: usize,
+}
+
+impl PackedB {
+    /// Packs the `depth x len` matrix `b`.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    ///
+    /// # Panics
+    /// If `b` does not hold `depth x len` elements.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn pack(b: MatB<'_>, depth: usize, len: usize) -> Self {
+        assert!(
+            depth == 0 || len == 0 || b.data.len() > (depth - 1) * b.rs + (len - 1) * b.cs,
+            "packed B outside its slice"
+        );
+        let panels = len.div_ceil(NR);
+        let mut data = crate::scratch::take::<f32>(panels * NR * depth);
+        for r0 in (0..depth).step_by(KC) {
+            let kc = KC.min(depth - r0);
+            pack_b(
+                b,
+                r0,
+                kc,
+                len,
+                &mut data[r0 * panels * NR..][..panels * kc * NR],
+            );
+        }
+        PackedB { data, depth, len }
+    }
+
+    /// Columns of `B`.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for PackedB {
+    /// The storage goes back to this thread's scratch cache.
+    fn drop(&mut self) {
+        crate::scratch::give(std::mem::take(&mut self.data));
+    }
+}
+
+/// [`multiply`] with a [`PackedB`] (`len` = its columns, no packing per call).
+///
+/// # Safety
+/// As [`multiply`]; `b` has `a`'s depth.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn multiply_packed(
+    a: &PackedA,
+    b: &PackedB,
+    init: Init<'_>,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let (rows, depth, len) = (a.rows, a.depth, b.len);
+    assert_eq!(depth, b.depth, "A and B depths differ");
+    debug_assert!(!matches!(init, Init::Bias(bias) if bias.len() < rows));
+    if rows == 0 || len == 0 {
+        return;
+    }
+    if depth == 0 {
+        // SAFETY: the caller's contract.
+        return unsafe { fill_init(rows, len, init, c, ldc) };
+    }
+    let panels = len.div_ceil(NR);
+    for r0 in (0..depth).step_by(KC) {
+        let kc = KC.min(depth - r0);
+        let block = &b.data[r0 * panels * NR..][..panels * kc * NR];
+        // SAFETY: the caller's contract; `block` is the packed depth block r0 .. r0 + kc.
+        unsafe { update(a, r0, kc, block, len, init, c, ldc) };
+    }
+}
+
+/// `c = init` for a product of depth 0.
+///
+/// # Safety
+/// `c` addresses `rows` rows of `len` writable elements at stride `ldc`.
+unsafe fn fill_init(rows: usize, len: usize, init: Init<'_>, c: *mut f32, ldc: usize) {
+    for o in 0..rows {
+        let v = match init {
+            Init::Bias(bias) => bias[o],
+            Init::Zero => 0.0,
+            Init::Accumulate => continue,
+        };
+        for q in 0..len {
+            // SAFETY: o < rows, q < len: inside the caller's region.
+            unsafe { *c.add(o * ldc + q) = v };
+        }
+    }
+}
+
+/// `C (+)= A[.., r0 .. r0 + kc] · B[r0 .. r0 + kc, ..]` for one packed depth block `bp` of
+/// `B` (`ceil(len / NR)` panels of `kc x NR`).
+///
+/// # Safety
+/// AVX-512F; `c` as in [`multiply`].
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn update(
+    a: &PackedA,
+    r0: usize,
+    kc: usize,
+    bp: &[f32],
+    len: usize,
+    init: Init<'_>,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let (rows, depth) = (a.rows, a.depth);
+    debug_assert_eq!(bp.len(), len.div_ceil(NR) * kc * NR);
+    for p in 0..rows.div_ceil(MR) {
+        let live = MR.min(rows - p * MR);
+        let ap = &a.data[(p * depth + r0) * MR..][..kc * MR];
+        let start = match (r0, init) {
+            (0, Init::Bias(bias)) => Start::Bias(&bias[p * MR..][..live]),
+            (0, Init::Zero) => Start::Zero,
+            _ => Start::Load,
+        };
+        for (jp, panel) in bp.chunks_exact(kc * NR).enumerate() {
+            let q0 = jp * NR;
+            let width = NR.min(len - q0);
+            // SAFETY: block rows p*MR .. + live < rows and columns q0 .. + width <= len
+            // lie in the caller's region; `ap` holds kc x MR and `panel` kc x NR values.
+            unsafe {
+                let cp = c.add(p * MR * ldc + q0);
+                match width.div_ceil(LANES) {
+                    3 => block::<3>(kc, ap, panel, cp, ldc, live, width, start),
+                    2 => block::<2>(kc, ap, panel, cp, ldc, live, width, start),
+                    _ => block::<1>(kc, ap, panel, cp, ldc, live, width, start),
                 }
             }
         }
-        r0 += kc;
     }
 }
 
