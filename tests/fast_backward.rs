@@ -11,9 +11,9 @@ use deformconv::{
     conv2d_backward, conv2d_grad_input, conv2d_grad_weight, deform_conv2d, deform_conv2d_backward,
     deform_conv2d_backward_into, deform_conv2d_grad_bias, deform_conv2d_grad_input,
     deform_conv2d_grad_input_into, deform_conv2d_grad_mask, deform_conv2d_grad_offset,
-    deform_conv2d_grad_weight, reference, ConvParams, Float, Grads, GradsMut, Want,
+    deform_conv2d_grad_weight, reference, ConvParams, Convention, Float, Grads, GradsMut, Want,
 };
-use fwd_support::{cases, same_bits, to_f32, Case, Lcg, Tensors};
+use fwd_support::{border_offsets, cases, same_bits, to_f32, Case, Lcg, Tensors};
 use ndarray::{s, Array1, Array4, ArrayView4, Ix1};
 use proptest::prelude::*;
 
@@ -278,6 +278,75 @@ proptest! {
         let si = conv2d_grad_input(g_out.view(), t.weight.view(), shape, p).unwrap();
         let sw = conv2d_grad_weight(g_out.view(), t.input.view(), ws, p).unwrap();
         prop_assert!(same_bits(&si, &fi) && same_bits(&sw, &fw));
+    }
+}
+
+/// Channel counts that fill several AVX-512 vectors with a ragged tail (37 and 40 channels per
+/// offset group), segments that start inside an offset group's channels (conv groups splitting
+/// it), samples on and around the borders, under every convention: the f32 gradients (the
+/// pixel-major path on AVX-512) within the per-element bound, combined equal to separate.
+#[test]
+fn wide_channel_segments_in_f32_within_bound() {
+    let configs = [
+        // (c_in, groups, offset_groups, c_out): 37 channels, one segment of 37.
+        (37, 1, 1, 5),
+        // 40 channels in 2 offset groups of 20, 4 conv groups of 10: segments 0..10, 10..20.
+        (40, 4, 2, 8),
+        // 64 channels, 2 offset groups of 32 (two full vectors), 2 conv groups.
+        (64, 2, 2, 6),
+    ];
+    let conventions = [Convention::Torchvision, Convention::Mmcv, Convention::DcnV1];
+    for (i, &(c_in, groups, offset_groups, c_out)) in configs.iter().enumerate() {
+        for (j, &conv) in conventions.iter().enumerate() {
+            let case = Case {
+                n: 3,
+                c_in,
+                c_out,
+                h: 9,
+                w: 11,
+                kh: 3,
+                kw: 3,
+                params: ConvParams::default()
+                    .padding(1, 1)
+                    .groups(groups)
+                    .offset_groups(offset_groups)
+                    .convention(conv),
+                mask: i != 1,
+                bias: false,
+                seed: 40 + (3 * i + j) as u64,
+            };
+            let mut t = case.tensors();
+            t.offset = border_offsets(&case, case.seed);
+            let p = &case.params;
+            let g = case.geometry();
+            let g_out = grad_out_for(&case, case.seed);
+            let mask32 = t.mask.as_ref().map(to_f32);
+            let all = all_and_separate(
+                to_f32(&g_out).view(),
+                to_f32(&t.input).view(),
+                to_f32(&t.offset).view(),
+                mask32.as_ref().map(|m| m.view()),
+                to_f32(&t.weight).view(),
+                p,
+            );
+            let exact = reference_grads(&t, g_out.view(), p);
+            let mag = magnitudes(&t, &g_out, p);
+            let pix = g.out_pixels();
+            let (cog, cpo) = (g.c_out_per_group(), g.c_per_offset_group());
+            let fast = [&all.input, &all.offset, &all.mask, &all.weight];
+            let chains = [cog + g.taps() * pix, cog + cpo, cog + cpo, g.n * pix];
+            let names = ["grad_input", "grad_offset", "grad_mask", "grad_weight"];
+            for (((f, e), m), (chain, name)) in fast
+                .iter()
+                .zip(&exact)
+                .zip(&mag)
+                .zip(chains.iter().zip(names))
+            {
+                if let Some(f) = f {
+                    check_f32(&format!("{name} {c_in}ch {conv:?}"), f, e, m, *chain);
+                }
+            }
+        }
     }
 }
 

@@ -240,3 +240,206 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::col2im::{scatter_columns, TileShape};
+    use crate::kernels::coord::{sample_gradients, SampleWant};
+    use crate::kernels::lanes::{isa, Isa};
+    use crate::kernels::taps::{PlaneLayout, Tap};
+
+    /// Outputs of one pass: grad planes (channel-major), dy, dx, mask, cols (channel-major).
+    type Results = [Vec<f32>; 5];
+
+    /// The fused pixel-major pass against the channel-major col2im + coord kernels on the same
+    /// table (interior, border, outside, far-away, NaN and infinite samples), for a segment of
+    /// 34 channels starting at channel 3 of 37-channel cells (two full vectors and a tail), a
+    /// tile that is not a multiple of 16, and every combination of outputs: `cols` bitwise,
+    /// the reordered sums within a relative 1e-5 (NaN where the old kernels give NaN).
+    #[test]
+    fn fused_pass_matches_the_channel_major_kernels() {
+        if isa() != Isa::Avx512 {
+            eprintln!("no AVX-512 on this CPU: the pixel-major pass is never used");
+            return;
+        }
+        let layout = PlaneLayout::zero_bordered(5, 7);
+        let (k_taps, tile, cells, images) = (3usize, 37usize, 37usize, 2usize);
+        let seg = 3..37usize;
+        let count = seg.len();
+        let stride = images * layout.len();
+        let mut state = 777u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32) / ((1u64 << 24) as f32)
+        };
+        // Channel-major planes (border cells zero) and their pixel-major copy.
+        let mut planes = vec![0.0f32; cells * stride];
+        for c in 0..cells {
+            for j in 0..images {
+                for r in 0..5 {
+                    for s in 0..7 {
+                        planes[c * stride + j * layout.len() + layout.index(r, s)] = next() - 0.5;
+                    }
+                }
+            }
+        }
+        let pm_of = |cm: &[f32]| {
+            let mut pm = vec![0.0f32; cells * stride];
+            for c in 0..cells {
+                for i in 0..stride {
+                    pm[i * cells + c] = cm[c * stride + i];
+                }
+            }
+            pm
+        };
+        let specials = [f32::NAN, -1.0, 5.0, 40.0, -0.999, 4.999, f32::INFINITY, 0.0];
+        let taps: Vec<Tap<f32>> = (0..k_taps * tile)
+            .map(|e| {
+                let dy = if e % 5 == 0 {
+                    specials[e / 5 % 8]
+                } else {
+                    6.0 * next() - 3.0
+                };
+                let dx = if e % 7 == 0 {
+                    specials[e / 7 % 8]
+                } else {
+                    6.0 * next() - 3.0
+                };
+                let plane0 = (e % images) * layout.len();
+                let at = ((e % 5) as isize, dy);
+                Tap::new(
+                    layout,
+                    plane0,
+                    at,
+                    ((e % 7) as isize, dx),
+                    next() * 2.0 - 0.5,
+                )
+            })
+            .collect();
+        let mut table = TapColumns::default();
+        assert!(table.fill(&taps));
+        // gcol channel-major `[(c K + k)][tile]` and pixel-major `[(q K + k) count + c]`.
+        let gcol: Vec<f32> = (0..count * k_taps * tile).map(|_| next() - 0.5).collect();
+        let mut gcol_pm = vec![0.0f32; gcol.len()];
+        for c in 0..count {
+            for k in 0..k_taps {
+                for q in 0..tile {
+                    gcol_pm[(q * k_taps + k) * count + c] = gcol[(c * k_taps + k) * tile + q];
+                }
+            }
+        }
+        let start: Vec<f32> = (0..cells * stride).map(|i| (i % 3) as f32 * 0.25).collect();
+        for bits in 1..16u8 {
+            let want = Outputs {
+                scatter: bits & 1 != 0,
+                offset: bits & 2 != 0,
+                mask: bits & 4 != 0,
+                cols: bits & 8 != 0,
+            };
+            let fresh = || -> Results {
+                [
+                    start.clone(),
+                    vec![0.25f32; k_taps * tile],
+                    vec![-0.5f32; k_taps * tile],
+                    vec![0.125f32; k_taps * tile],
+                    vec![f32::NAN; count * k_taps * tile],
+                ]
+            };
+            let mut old = fresh();
+            let [grad, dy, dx, dm, cols] = &mut old;
+            let shape = TileShape {
+                channel_stride: stride,
+                pitch: layout.pitch(),
+                tile,
+                taps: k_taps,
+                dense: false,
+            };
+            if want.scatter {
+                scatter_columns(grad, shape, &table, &gcol, seg.clone());
+            }
+            let sample_want = SampleWant {
+                offset: want.offset,
+                mask: want.mask,
+                cols: want.cols,
+            };
+            let out = SampleOut {
+                dy,
+                dx,
+                mask: dm,
+                cols,
+            };
+            sample_gradients(
+                &planes,
+                shape,
+                &taps,
+                Some(&table),
+                &gcol,
+                seg.clone(),
+                sample_want,
+                out,
+            );
+
+            let mut new = fresh();
+            let mut grad_pm = pm_of(&start);
+            let [_, dy, dx, dm, cols_pm] = &mut new;
+            let shape = CellShape {
+                channels: cells,
+                pitch: layout.pitch(),
+                tile,
+                taps: k_taps,
+            };
+            let out = SampleOut {
+                dy,
+                dx,
+                mask: dm,
+                cols: cols_pm,
+            };
+            let input = pm_of(&planes);
+            // SAFETY: AVX-512F was detected above.
+            unsafe {
+                run(
+                    &input,
+                    &mut grad_pm,
+                    shape,
+                    &table,
+                    &gcol_pm,
+                    seg.clone(),
+                    want,
+                    out,
+                )
+            };
+            for c in 0..cells {
+                for i in 0..stride {
+                    new[0][c * stride + i] = grad_pm[i * cells + c];
+                }
+            }
+            let cols_cm = &mut new[4].clone();
+            for c in 0..count {
+                for k in 0..k_taps {
+                    for q in 0..tile {
+                        cols_cm[(c * k_taps + k) * tile + q] = new[4][(q * k_taps + k) * count + c];
+                    }
+                }
+            }
+            new[4] = cols_cm.clone();
+            for (which, (a, b)) in old.iter().zip(&new).enumerate() {
+                for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+                    let same = if which == 4 {
+                        x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+                    } else if x.is_nan() || y.is_nan() || x.is_infinite() || y.is_infinite() {
+                        x.is_nan() == y.is_nan() && (x.is_nan() || x == y)
+                    } else {
+                        (x - y).abs() <= 1e-5 * (1.0 + x.abs())
+                    };
+                    assert!(
+                        same,
+                        "outputs {bits:04b}, result {which}, element {i}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+}
