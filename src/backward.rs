@@ -20,8 +20,9 @@
 //! samples integer positions only, where all of them agree.
 //!
 //! **Determinism.** The work is split by a partition that depends only on the shapes (see
-//! `driver`): every output element has one owner task, sums over channels run in ascending
-//! order inside that task, and `grad_weight` is a fixed number of partials added in fixed order.
+//! `driver`): every output element has one owner task, sums over channels run in a fixed order
+//! inside that task (ascending; on the `f32` AVX-512 path sixteen lane sums reduced by a fixed
+//! tree), and `grad_weight` is a fixed number of partials added in fixed order.
 //! Results are bitwise identical for any rayon thread count, and the combined backward returns
 //! bitwise the same tensors as the separate functions.
 //!
@@ -31,11 +32,12 @@
 //! in the other tensors propagates by ordinary arithmetic into the outputs they feed.
 //!
 //! **Workspace.** Per running task: the offset group's padded input and `grad_input` planes of
-//! one image group, a column tile and a column-gradient tile of at most 512 pixels, a packed
-//! `grad_out` tile and the tile's sampling table; plus, for `grad_weight`, at most `R - 1 <= 3`
-//! weight-sized partials (one more if the caller's `grad_weight` view is not row-major). None of
-//! it grows with the batch size. On W4 (f32, 2 threads) the full backward peaks at about
-//! 48 MiB of extra heap (`examples/workspace_probe.rs` measures it).
+//! one image group, a column tile and a column-gradient tile of at most 512 pixels (on the
+//! `f32` AVX-512 path about 512 KiB each), a packed `grad_out` tile and the tile's sampling
+//! table; plus, for `grad_weight`, at most `R - 1 <= 3` weight-sized partials (one more if the
+//! caller's `grad_weight` view is not row-major; `R` partials and a packed tap-major copy of the
+//! weight on the `f32` AVX-512 path). None of it grows with the batch size
+//! (`examples/workspace_probe.rs` measures the peak).
 //!
 //! **Kept between calls.** To spare the page faults of fresh multi-megabyte buffers, each
 //! thread keeps up to 32 MiB of scratch (tiles, planes, packed weights; the forward's too) for
