@@ -218,14 +218,28 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
                     }
                 }
                 if SCATTER {
+                    // Neighbouring samples update the same cells soon after each other, so the
+                    // next load must be forwarded from this store: full-width (or, for a block
+                    // of exactly 8 channels, half-width) stores rather than masked ones.
+                    // Measured (W1 grad_input, 1 thread): 1.82 -> 0.67 ms against masked stores.
+                    let lanes = count - o;
                     for (j, &d) in corner.iter().enumerate() {
                         // SAFETY: as for the gather, with max_scatter and `grad`; this task
-                        // owns the planes.
+                        // owns the planes. The unmasked forms touch exactly the block's
+                        // `min(lanes, 16)` channels.
                         unsafe {
                             let cell = grad_at.add(scatter + d + o);
-                            let old = _mm512_maskz_loadu_ps(cm, cell);
-                            let new = _mm512_add_ps(old, _mm512_mul_ps(gm, w[j]));
-                            _mm512_mask_storeu_ps(cell, cm, new);
+                            let add = _mm512_mul_ps(gm, w[j]);
+                            if lanes >= LANES {
+                                let new = _mm512_add_ps(_mm512_loadu_ps(cell), add);
+                                _mm512_storeu_ps(cell, new);
+                            } else if lanes == 8 {
+                                let add = _mm512_castps512_ps256(add);
+                                _mm256_storeu_ps(cell, _mm256_add_ps(_mm256_loadu_ps(cell), add));
+                            } else {
+                                let new = _mm512_add_ps(_mm512_maskz_loadu_ps(cm, cell), add);
+                                _mm512_mask_storeu_ps(cell, cm, new);
+                            }
                         }
                     }
                 }
