@@ -933,32 +933,29 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         };
         let cpo = self.g.c_per_offset_group();
         let l = self.layout;
-        let Some(planes) = crate::kernels::same_type_mut::<T, f32>(planes) else {
-            debug_assert!(false, "pixel-major planes are f32");
-            return;
-        };
         let channels = self.og * cpo..(self.og + 1) * cpo;
         for (j, n) in group.images.clone().enumerate() {
             let cells = &mut planes[j * l.len() * cpo..][..l.len() * cpo];
             let image = input.index_axis(ndarray::Axis(0), n);
             let image = image.slice(ndarray::s![channels.clone(), .., ..]);
             let hw = l.h * l.w;
-            match image
+            // Standard-layout f32 images row by row in 16 x 16 register transposes.
+            let src = image
                 .as_slice()
-                .and_then(crate::kernels::same_type::<T, f32>)
-            {
-                Some(src) if hw > 0 => {
+                .and_then(crate::kernels::same_type::<T, f32>);
+            let copied = match (src, crate::kernels::same_type_mut::<T, f32>(cells)) {
+                (Some(src), Some(dst)) if hw > 0 => {
                     for r in 0..l.h {
-                        let dst = &mut cells[l.index(r as isize, 0) * cpo..][..l.w * cpo];
-                        to_pixel_major(&src[r * l.w..], cpo, hw, l.w, dst);
+                        let row = &mut dst[l.index(r as isize, 0) * cpo..][..l.w * cpo];
+                        to_pixel_major(&src[r * l.w..], cpo, hw, l.w, row);
                     }
+                    true
                 }
-                _ => {
-                    for ((c, r, x), &v) in image.indexed_iter() {
-                        let at = l.index(r as isize, x as isize) * cpo + c;
-                        cells[at] = crate::kernels::same_type::<T, f32>(std::slice::from_ref(&v))
-                            .map_or(0.0, |v| v[0]);
-                    }
+                _ => false,
+            };
+            if !copied {
+                for ((c, r, x), &v) in image.indexed_iter() {
+                    cells[l.index(r as isize, x as isize) * cpo + c] = v;
                 }
             }
             if l.is_replicated() && l.h > 0 && l.w > 0 {
