@@ -137,8 +137,19 @@ fuzz_target!(|data: &[u8]| {
             let l = (c_in / groups * kh * kw) as f64;
             let f32_tol = 4.0 * l * f32::EPSILON as f64;
             // Results in f32's subnormal range lose relative precision: allow a few of its
-            // smallest steps (2^-149) per rounding.
-            let f32_slack = 4.0 * (l + 2.0) * f64::from(f32::from_bits(1));
+            // smallest steps (2^-149) per rounding. A subnormal intermediate (the bilinear
+            // value, then `m * B`) is rounded to such a step before the mask and the weight
+            // multiply it, so the step is scaled by their largest magnitudes (input 3 * 2^-149,
+            // mask 0.28, weight -119: fast -119 * 2^-149, exact -52 * 2^-149).
+            // (Finite values only: an element that meets an infinity has an infinite bound and
+            // is not compared.)
+            let largest = |a: &Array4<f32>| {
+                a.iter()
+                    .filter(|v| v.is_finite())
+                    .fold(0.0f64, |m, &v| m.max((v as f64).abs()))
+            };
+            let amplified = (1.0 + largest(&w32)) * (1.0 + m32.as_ref().map_or(1.0, largest));
+            let f32_slack = 4.0 * (l + 2.0) * f64::from(f32::from_bits(1)) * amplified;
             check(
                 "out(f32)",
                 fast32.mapv(|v| v as f64).view(),

@@ -3,7 +3,8 @@
 //! pixel-major images in `channel_gather` / `pixel_major`, with its table built by
 //! `locate_avx512`), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the
 //! backward's sampling table (`taps`), atomic-free col2im scatter (`col2im`) and coordinate /
-//! mask gradients (`coord`).
+//! mask gradients (`coord`), or, for `f32` on AVX-512, both fused on pixel-major planes 16
+//! channels per vector (`channel_backward`).
 //!
 //! # The column tile
 //!
