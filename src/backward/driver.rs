@@ -498,11 +498,7 @@ pub(crate) fn run<T: Float>(
         .iter()
         .fold(Stats::default(), |acc, (_, s)| acc.add(*s));
     if let Some(w) = weight_out {
-        if pixel_major {
-            gather_tap_major_partials(g, &plan, &results, w);
-        } else {
-            add_partials(g, &plan, &results, w);
-        }
+        combine_partials(g, &plan, &results, w, pixel_major);
     }
     for (part, _) in results {
         scratch::give(part);
@@ -580,14 +576,21 @@ fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Weigh
     ))
 }
 
-/// `grad_weight[o, c' K + k] = sum over slots, in slot order, of the tap-major partials
-/// `[o][k * C_seg + c]` of the pixel-major path, rows of `out` in parallel.
-fn gather_tap_major_partials<T: Float>(
+/// Adds the tasks' weight partials into `grad_weight` in slot order, rows of `out` in
+/// parallel. Channel-major partials (`[o][c' K + k]`) of slots `1..R` are added to what slot 0
+/// wrote directly; tap-major ones (`[o][k C_seg + c]`, the pixel-major path) are gathered from
+/// every slot, slot 0's assigned.
+fn combine_partials<T: Float>(
     g: &Geometry,
     plan: &Plan,
     results: &[(Vec<T>, Stats)],
     out: &mut [T],
+    tap_major: bool,
 ) {
+    let first = if tap_major { 0 } else { 1 };
+    if first >= plan.slots {
+        return;
+    }
     let k_taps = g.taps();
     let cink = g.c_in_per_group() * k_taps;
     let cog = g.c_out_per_group();
@@ -603,45 +606,17 @@ fn gather_tap_major_partials<T: Float>(
                 let rows = cs * k_taps;
                 let col0 = (seg.c_lo - conv_group * g.c_in_per_group()) * k_taps;
                 let dst = &mut row[col0..][..rows];
-                for slot in 0..plan.slots {
+                for slot in first..plan.slots {
                     let part = &results[slot * g.offset_groups + og].0;
                     let src = &part[seg.part_offset + o * rows..][..rows];
-                    for (k, taps) in src.chunks_exact(cs).enumerate() {
-                        for (c, &v) in taps.iter().enumerate() {
-                            let d = &mut dst[c * k_taps + k];
-                            *d = if slot == 0 { v } else { *d + v };
-                        }
-                    }
-                }
-            }
-        });
-}
-
-/// `grad_weight += partial[slot]` for slots `1..R` in slot order (slot 0 wrote `out`
-/// directly), rows of `out` in parallel.
-fn add_partials<T: Float>(g: &Geometry, plan: &Plan, results: &[(Vec<T>, Stats)], out: &mut [T]) {
-    if plan.slots < 2 {
-        return;
-    }
-    let k_taps = g.taps();
-    let cink = g.c_in_per_group() * k_taps;
-    let cog = g.c_out_per_group();
-    let segs: Vec<(usize, Segment)> = (0..g.offset_groups)
-        .flat_map(|og| segments(g, og).into_iter().map(move |s| (og, s)))
-        .collect();
-    out.par_chunks_mut(cink)
-        .enumerate()
-        .for_each(|(o_glob, row)| {
-            let (conv_group, o) = (o_glob / cog, o_glob % cog);
-            for (og, seg) in segs.iter().filter(|(_, s)| s.conv_group == conv_group) {
-                let rows = (seg.c_hi - seg.c_lo) * k_taps;
-                let col0 = (seg.c_lo - conv_group * g.c_in_per_group()) * k_taps;
-                let dst = &mut row[col0..][..rows];
-                for slot in 1..plan.slots {
-                    let part = &results[slot * g.offset_groups + og].0;
-                    let src = &part[seg.part_offset + o * rows..][..rows];
-                    for (d, &s) in dst.iter_mut().zip(src) {
-                        *d += s;
+                    for (r, &v) in src.iter().enumerate() {
+                        // Tap-major r = k C_seg + c goes to c K + k.
+                        let d = if tap_major {
+                            (r % cs) * k_taps + r / cs
+                        } else {
+                            r
+                        };
+                        dst[d] = if slot == 0 { v } else { dst[d] + v };
                     }
                 }
             }

@@ -261,7 +261,7 @@ mod tests {
     use crate::kernels::col2im::{scatter_columns, TileShape};
     use crate::kernels::coord::{sample_gradients, SampleWant};
     use crate::kernels::lanes::{isa, Isa};
-    use crate::kernels::taps::{PlaneLayout, Tap};
+    use crate::kernels::taps::PlaneLayout;
 
     /// Outputs of one pass: grad planes (channel-major), dy, dx, mask, cols (channel-major).
     type Results = [Vec<f32>; 5];
@@ -288,13 +288,7 @@ mod tests {
         let (k_taps, tile, cells, images) = (3usize, 37usize, 37usize, 2usize);
         let count = seg.len();
         let stride = images * layout.len();
-        let mut state = 777u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32) / ((1u64 << 24) as f32)
-        };
+        let mut next = crate::kernels::test_stream(777);
         // Channel-major planes (border cells zero) and their pixel-major copy.
         let mut planes = vec![0.0f32; cells * stride];
         for c in 0..cells {
@@ -315,30 +309,8 @@ mod tests {
             }
             pm
         };
-        let specials = [f32::NAN, -1.0, 5.0, 40.0, -0.999, 4.999, f32::INFINITY, 0.0];
-        let taps: Vec<Tap<f32>> = (0..k_taps * tile)
-            .map(|e| {
-                let dy = if e % 5 == 0 {
-                    specials[e / 5 % 8]
-                } else {
-                    6.0 * next() - 3.0
-                };
-                let dx = if e % 7 == 0 {
-                    specials[e / 7 % 8]
-                } else {
-                    6.0 * next() - 3.0
-                };
-                let plane0 = (e % images) * layout.len();
-                let at = ((e % 5) as isize, dy);
-                Tap::new(
-                    layout,
-                    plane0,
-                    at,
-                    ((e % 7) as isize, dx),
-                    next() * 2.0 - 0.5,
-                )
-            })
-            .collect();
+        let taps =
+            crate::kernels::taps::tests::hostile_table(layout, k_taps, tile, images, &mut next);
         let mut table = TapColumns::default();
         assert!(table.fill(&taps));
         // gcol channel-major `[(c K + k)][tile]` and pixel-major `[(q K + k) count + c]`.

@@ -317,13 +317,7 @@ mod tests {
         let layout = PlaneLayout::zero_bordered(5, 6);
         let (k_taps, tile, channels, images) = (3usize, 29usize, 11usize, 2usize);
         let stride = images * layout.len();
-        let mut state = 99u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32) / ((1u64 << 24) as f32)
-        };
+        let mut next = crate::kernels::test_stream(99);
         let specials = [f32::NAN, -1.0, 5.0, 30.0, -0.999, 0.0];
         let taps: Vec<Tap<f32>> = (0..k_taps * tile)
             .map(|e| {

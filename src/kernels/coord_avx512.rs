@@ -312,13 +312,7 @@ mod tests {
         let layout = PlaneLayout::zero_bordered(5, 7);
         let (k_taps, tile, channels, images) = (3usize, 37usize, 6usize, 2usize);
         let stride = images * layout.len();
-        let mut state = 12345u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32) / ((1u64 << 24) as f32)
-        };
+        let mut next = crate::kernels::test_stream(12345);
         let mut planes = vec![0.0f32; channels * stride];
         for c in 0..channels {
             for j in 0..images {
@@ -329,29 +323,8 @@ mod tests {
                 }
             }
         }
-        let specials = [f32::NAN, -1.0, 5.0, 40.0, -0.999, 4.999, f32::INFINITY, 0.0];
-        let taps: Vec<Tap<f32>> = (0..k_taps * tile)
-            .map(|e| {
-                let dy = if e % 5 == 0 {
-                    specials[e / 5 % 8]
-                } else {
-                    6.0 * next() - 3.0
-                };
-                let dx = if e % 7 == 0 {
-                    specials[e / 7 % 8]
-                } else {
-                    6.0 * next() - 3.0
-                };
-                let plane0 = (e % images) * layout.len();
-                Tap::new(
-                    layout,
-                    plane0,
-                    ((e % 5) as isize, dy),
-                    ((e % 7) as isize, dx),
-                    next() * 2.0 - 0.5,
-                )
-            })
-            .collect();
+        let taps =
+            crate::kernels::taps::tests::hostile_table(layout, k_taps, tile, images, &mut next);
         let mut table = TapColumns::default();
         assert!(table.fill(&taps));
         let shape = TileShape {

@@ -53,6 +53,19 @@ use crate::convention::Convention;
 use crate::geometry::Geometry;
 use std::any::TypeId;
 
+/// A deterministic stream of `f32` in `[0, 1)` (a 64-bit LCG's top 24 bits), for the
+/// kernels' unit tests.
+#[cfg(test)]
+pub(crate) fn test_stream(seed: u64) -> impl FnMut() -> f32 {
+    let mut state = seed;
+    move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32) / ((1u64 << 24) as f32)
+    }
+}
+
 /// `s` as a slice of `U` when `T` is `U` (the fast `f32` kernels inside generic code).
 pub(crate) fn same_type<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
     // SAFETY: T and U are the same type, so the cast is the identity.

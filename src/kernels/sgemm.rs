@@ -202,8 +202,35 @@ pub(crate) unsafe fn multiply(
     ldc: usize,
     bp: &mut Vec<f32>,
 ) {
+    debug_assert!(
+        len == 0 || a.depth == 0 || b.data.len() > (a.depth - 1) * b.rs + (len - 1) * b.cs
+    );
+    // SAFETY: the caller's contract.
+    unsafe { product(a, Operand::Unpacked(b, bp), len, init, c, ldc) }
+}
+
+/// Where [`product`] takes the packed depth blocks of `B` from.
+enum Operand<'a> {
+    /// Packed block by block into the buffer.
+    Unpacked(MatB<'a>, &'a mut Vec<f32>),
+    /// Packed already.
+    Packed(&'a PackedB),
+}
+
+/// The body of [`multiply`] and [`multiply_packed`].
+///
+/// # Safety
+/// As [`multiply`].
+#[target_feature(enable = "avx512f")]
+unsafe fn product(
+    a: &PackedA,
+    mut b: Operand<'_>,
+    len: usize,
+    init: Init<'_>,
+    c: *mut f32,
+    ldc: usize,
+) {
     let (rows, depth) = (a.rows, a.depth);
-    debug_assert!(len == 0 || depth == 0 || b.data.len() > (depth - 1) * b.rs + (len - 1) * b.cs);
     debug_assert!(!matches!(init, Init::Bias(bias) if bias.len() < rows));
     if rows == 0 || len == 0 {
         return;
@@ -213,15 +240,19 @@ pub(crate) unsafe fn multiply(
         return unsafe { fill_init(rows, len, init, c, ldc) };
     }
     let panels = len.div_ceil(NR);
-    let mut r0 = 0;
-    while r0 < depth {
+    for r0 in (0..depth).step_by(KC) {
         let kc = KC.min(depth - r0);
-        bp.resize(bp.len().max(panels * kc * NR), 0.0);
-        let block = &mut bp[..panels * kc * NR];
-        pack_b(b, r0, kc, len, block);
+        let size = panels * kc * NR;
+        let block: &[f32] = match &mut b {
+            Operand::Unpacked(m, bp) => {
+                bp.resize(bp.len().max(size), 0.0);
+                pack_b(*m, r0, kc, len, &mut bp[..size]);
+                &bp[..size]
+            }
+            Operand::Packed(p) => &p.data[r0 * panels * NR..][..size],
+        };
         // SAFETY: the caller's contract; `block` is the packed depth block r0 .. r0 + kc.
         unsafe { update(a, r0, kc, block, len, init, c, ldc) };
-        r0 += kc;
     }
 }
 
@@ -288,23 +319,9 @@ pub(crate) unsafe fn multiply_packed(
     c: *mut f32,
     ldc: usize,
 ) {
-    let (rows, depth, len) = (a.rows, a.depth, b.len);
-    assert_eq!(depth, b.depth, "A and B depths differ");
-    debug_assert!(!matches!(init, Init::Bias(bias) if bias.len() < rows));
-    if rows == 0 || len == 0 {
-        return;
-    }
-    if depth == 0 {
-        // SAFETY: the caller's contract.
-        return unsafe { fill_init(rows, len, init, c, ldc) };
-    }
-    let panels = len.div_ceil(NR);
-    for r0 in (0..depth).step_by(KC) {
-        let kc = KC.min(depth - r0);
-        let block = &b.data[r0 * panels * NR..][..panels * kc * NR];
-        // SAFETY: the caller's contract; `block` is the packed depth block r0 .. r0 + kc.
-        unsafe { update(a, r0, kc, block, len, init, c, ldc) };
-    }
+    assert_eq!(a.depth, b.depth, "A and B depths differ");
+    // SAFETY: the caller's contract.
+    unsafe { product(a, Operand::Packed(b), b.len, init, c, ldc) }
 }
 
 /// `c = init` for a product of depth 0.

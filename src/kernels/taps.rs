@@ -393,8 +393,38 @@ impl<T: Float> Tap<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A torchvision table `[k][tile]` of `images` planes with interior, border, outside,
+    /// far-away, NaN and infinite samples and masks in `[-0.5, 1.5)`, from the stream `next`:
+    /// the common input of the kernels' bitwise and cross-kernel tests.
+    pub(crate) fn hostile_table(
+        layout: PlaneLayout,
+        k_taps: usize,
+        tile: usize,
+        images: usize,
+        next: &mut impl FnMut() -> f32,
+    ) -> Vec<Tap<f32>> {
+        let specials = [f32::NAN, -1.0, 5.0, 40.0, -0.999, 4.999, f32::INFINITY, 0.0];
+        (0..k_taps * tile)
+            .map(|e| {
+                let dy = if e % 5 == 0 {
+                    specials[e / 5 % 8]
+                } else {
+                    6.0 * next() - 3.0
+                };
+                let dx = if e % 7 == 0 {
+                    specials[e / 7 % 8]
+                } else {
+                    6.0 * next() - 3.0
+                };
+                let plane0 = (e % images) * layout.len();
+                let (at_y, at_x) = (((e % 5) as isize, dy), ((e % 7) as isize, dx));
+                Tap::new(layout, plane0, at_y, at_x, next() * 2.0 - 0.5)
+            })
+            .collect()
+    }
 
     fn same<T: Float>(a: &Tap<T>, b: &Tap<T>) -> bool {
         let eq = |x: T, y: T| x.to_f64().to_bits() == y.to_f64().to_bits();

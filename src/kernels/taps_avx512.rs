@@ -180,13 +180,7 @@ mod tests {
         }
         let layout = PlaneLayout::zero_bordered(5, 7);
         let len = 203;
-        let mut state = 777u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 40) as f32) / ((1u64 << 24) as f32)
-        };
+        let mut next = crate::kernels::test_stream(777);
         let specials = [
             f32::NAN,
             -1.0,
