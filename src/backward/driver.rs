@@ -534,6 +534,7 @@ fn pixel_major_candidate<T: Float>(ops: &Operands<'_, T>) -> bool {
 /// Rows in parallel.
 #[cfg(target_arch = "x86_64")]
 fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Weights> {
+    use crate::kernels::pixel_major::to_pixel_major;
     use crate::kernels::sgemm::{MatB, PackedB};
     let weight = crate::kernels::same_type::<T, f32>(ops.weight?)?;
     let k_taps = g.taps();
@@ -547,11 +548,8 @@ fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Weigh
             .enumerate()
             .for_each(|(o, row)| {
                 let src = &weight[(seg.conv_group * cog + o) * cink + c0 * k_taps..][..cs * k_taps];
-                for (c, taps) in src.chunks_exact(k_taps).enumerate() {
-                    for (k, &v) in taps.iter().enumerate() {
-                        row[k * cs + c] = v;
-                    }
-                }
+                // row[k * cs + c] = src[c * K + k]: a cs x K transpose.
+                to_pixel_major(src, cs, k_taps, k_taps, row);
             });
         let rows = cs * k_taps;
         let blocks = (0..rows)
@@ -597,9 +595,9 @@ fn combine_partials<T: Float>(
     let segs: Vec<(usize, Segment)> = (0..g.offset_groups)
         .flat_map(|og| segments(g, og).into_iter().map(move |s| (og, s)))
         .collect();
-    out.par_chunks_mut(cink)
-        .enumerate()
-        .for_each(|(o_glob, row)| {
+    out.par_chunks_mut(cink).enumerate().for_each_init(
+        Vec::new,
+        |turned: &mut Vec<T>, (o_glob, row)| {
             let (conv_group, o) = (o_glob / cog, o_glob % cog);
             for (og, seg) in segs.iter().filter(|(_, s)| s.conv_group == conv_group) {
                 let cs = seg.c_hi - seg.c_lo;
@@ -609,18 +607,45 @@ fn combine_partials<T: Float>(
                 for slot in first..plan.slots {
                     let part = &results[slot * g.offset_groups + og].0;
                     let src = &part[seg.part_offset + o * rows..][..rows];
-                    for (r, &v) in src.iter().enumerate() {
-                        // Tap-major r = k C_seg + c goes to c K + k.
-                        let d = if tap_major {
-                            (r % cs) * k_taps + r / cs
+                    if tap_major {
+                        // Tap-major k C_seg + c goes to c K + k (a K x C_seg transpose).
+                        turned.resize(rows, T::ZERO);
+                        from_pixel_major_any(src, cs, k_taps, turned, k_taps);
+                        if slot == 0 {
+                            dst.copy_from_slice(turned);
                         } else {
-                            r
-                        };
-                        dst[d] = if slot == 0 { v } else { dst[d] + v };
+                            for (d, &v) in dst.iter_mut().zip(turned.iter()) {
+                                *d += v;
+                            }
+                        }
+                    } else {
+                        for (d, &v) in dst.iter_mut().zip(src) {
+                            *d += v;
+                        }
                     }
                 }
             }
-        });
+        },
+    );
+}
+
+/// [`crate::kernels::pixel_major::from_pixel_major`] for any `T` (the `f32` one in registers).
+fn from_pixel_major_any<T: Float>(
+    src: &[T],
+    channels: usize,
+    count: usize,
+    dst: &mut [T],
+    stride: usize,
+) {
+    use crate::kernels::{pixel_major::from_pixel_major, same_type, same_type_mut};
+    if let (Some(s), Some(d)) = (same_type::<T, f32>(src), same_type_mut::<T, f32>(dst)) {
+        return from_pixel_major(s, channels, count, d, stride);
+    }
+    for (q, row) in src.chunks_exact(channels).take(count).enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            dst[c * stride + q] = v;
+        }
+    }
 }
 
 /// The scratch and fixed facts of one (slot, offset group) task.
