@@ -1,4 +1,6 @@
-//! Quick timing probe of the backward on W2 / W4 (min of several runs), for development.
+//! Quick timing probe of the backward on W2 / W4 (min of several runs), for development;
+//! `ratio` times forward and full backward back to back (`ITERS` pairs) and prints the
+//! median of the per-pair ratios.
 #[path = "../benches/workloads/mod.rs"]
 mod workloads;
 
@@ -108,6 +110,51 @@ fn main() {
                 best * 1e3,
                 times[times.len() / 2] * 1e3,
                 cpu
+            );
+        }
+        if only.iter().any(|w| w == "ratio") {
+            // Forward and full backward back to back, `ITERS` pairs: on a machine whose speed
+            // drifts, the per-pair ratio is steadier than a ratio of separate medians.
+            let (mut fwd, mut bwd, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..iters {
+                let t = Instant::now();
+                let r = deform_conv2d(
+                    ops.input.view(),
+                    ops.offset.view(),
+                    ops.mask.as_ref().map(|m| m.view()),
+                    ops.weight.view(),
+                    ops.bias.as_ref().map(|b| b.view()),
+                    &p,
+                )
+                .unwrap();
+                std::hint::black_box(r);
+                let f = t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let r = deform_conv2d_backward(
+                    go.view(),
+                    ops.input.view(),
+                    ops.offset.view(),
+                    ops.mask.as_ref().map(|m| m.view()),
+                    ops.weight.view(),
+                    &p,
+                    Want::ALL,
+                )
+                .unwrap();
+                std::hint::black_box(r);
+                let b = t.elapsed().as_secs_f64();
+                (fwd.push(f), bwd.push(b), ratio.push(b / f));
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "{} ratio: {} pairs, median fwd {:.2} ms, median full bwd {:.2} ms, median bwd/fwd {:.2}",
+                wl.name,
+                iters,
+                median(&mut fwd) * 1e3,
+                median(&mut bwd) * 1e3,
+                median(&mut ratio)
             );
         }
     }
