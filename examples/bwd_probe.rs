@@ -142,7 +142,9 @@ fn main() {
                 .unwrap();
                 std::hint::black_box(r);
                 let b = t.elapsed().as_secs_f64();
-                (fwd.push(f), bwd.push(b), ratio.push(b / f));
+                fwd.push(f);
+                bwd.push(b);
+                ratio.push(b / f);
             }
             let median = |v: &mut Vec<f64>| {
                 v.sort_by(f64::total_cmp);
