@@ -283,27 +283,30 @@ proptest! {
 
 /// Channel counts that fill several AVX-512 vectors with a ragged tail (37 and 40 channels per
 /// offset group), segments that start inside an offset group's channels (conv groups splitting
-/// it), samples on and around the borders, under every convention: the f32 gradients (the
-/// pixel-major path on AVX-512) within the per-element bound, combined equal to separate.
+/// it), several slots' weight partials, samples on and around the borders, under every
+/// convention: the f32 gradients (the pixel-major path on AVX-512) within the per-element
+/// bound, combined equal to separate.
 #[test]
 fn wide_channel_segments_in_f32_within_bound() {
     let configs = [
-        // (c_in, groups, offset_groups, c_out): 37 channels, one segment of 37.
-        (37, 1, 1, 5),
+        // (c_in, groups, offset_groups, c_out, n, h = w): 37 channels, one segment of 37; six
+        // 24 x 24 images, each a group of two tiles, dealt to four slots (weight partials
+        // gathered from every slot).
+        (37, 1, 1, 5, 6, 24),
         // 40 channels in 2 offset groups of 20, 4 conv groups of 10: segments 0..10, 10..20.
-        (40, 4, 2, 8),
+        (40, 4, 2, 8, 3, 9),
         // 64 channels, 2 offset groups of 32 (two full vectors), 2 conv groups.
-        (64, 2, 2, 6),
+        (64, 2, 2, 6, 3, 9),
     ];
     let conventions = [Convention::Torchvision, Convention::Mmcv, Convention::DcnV1];
-    for (i, &(c_in, groups, offset_groups, c_out)) in configs.iter().enumerate() {
+    for (i, &(c_in, groups, offset_groups, c_out, n, hw)) in configs.iter().enumerate() {
         for (j, &conv) in conventions.iter().enumerate() {
             let case = Case {
-                n: 3,
+                n,
                 c_in,
                 c_out,
-                h: 9,
-                w: 11,
+                h: hw,
+                w: hw + 2,
                 kh: 3,
                 kw: 3,
                 params: ConvParams::default()
