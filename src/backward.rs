@@ -41,7 +41,7 @@
 //!
 //! **Kept between calls.** To spare the page faults of fresh multi-megabyte buffers, each
 //! thread keeps up to 32 MiB of scratch (tiles, planes, packed weights; the forward's too) for
-//! the next call (W4, 2 threads: about 43 MiB in all; W2: 29 MiB); [`release_cached_scratch`]
+//! the next call (W4, 2 threads: about 36 MiB in all; W2: 26-30 MiB); [`release_cached_scratch`]
 //! frees it.
 //!
 //! Threads come from the caller's rayon pool (`ThreadPool::install`).
