@@ -736,7 +736,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let mut acc_dx = alloc(needs.offset, k_taps * p);
         let mut acc_m = alloc(needs.mask, k_taps * p);
         let part_len = g.c_out_per_group() * cpo * k_taps;
-        // Slot 0 writes grad_weight itself; the other slots keep a private partial.
+        // Slot 0 writes grad_weight itself (unless pixel-major: `run` then passes no
+        // `weight_out`); the other slots keep a private partial.
         let mut wpart = alloc(needs.weight && weight_out.is_none(), part_len);
         let mut first_weight_tile = true;
         let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
