@@ -610,7 +610,9 @@ fn combine_partials<T: Float>(
                     if tap_major {
                         // Tap-major k C_seg + c goes to c K + k (a K x C_seg transpose).
                         turned.resize(rows, T::ZERO);
-                        from_pixel_major_any(src, cs, k_taps, turned, k_taps);
+                        crate::kernels::pixel_major::from_pixel_major(
+                            src, cs, k_taps, turned, k_taps,
+                        );
                         if slot == 0 {
                             dst.copy_from_slice(turned);
                         } else {
@@ -627,25 +629,6 @@ fn combine_partials<T: Float>(
             }
         },
     );
-}
-
-/// [`crate::kernels::pixel_major::from_pixel_major`] for any `T` (the `f32` one in registers).
-fn from_pixel_major_any<T: Float>(
-    src: &[T],
-    channels: usize,
-    count: usize,
-    dst: &mut [T],
-    stride: usize,
-) {
-    use crate::kernels::{pixel_major::from_pixel_major, same_type, same_type_mut};
-    if let (Some(s), Some(d)) = (same_type::<T, f32>(src), same_type_mut::<T, f32>(dst)) {
-        return from_pixel_major(s, channels, count, d, stride);
-    }
-    for (q, row) in src.chunks_exact(channels).take(count).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            dst[c * stride + q] = v;
-        }
-    }
 }
 
 /// The scratch and fixed facts of one (slot, offset group) task.
@@ -985,13 +968,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             };
             let cells = &planes[j * l.len() * cpo..][..l.len() * cpo];
             let hw = l.h * l.w;
-            if let (Some(dst), Some(src)) = (
-                view.as_slice_mut()
-                    .and_then(crate::kernels::same_type_mut::<T, f32>),
-                crate::kernels::same_type::<T, f32>(cells),
-            ) {
+            if let Some(dst) = view.as_slice_mut() {
                 for r in 0..l.h {
-                    let row = &src[l.index(r as isize, 0) * cpo..][..l.w * cpo];
+                    let row = &cells[l.index(r as isize, 0) * cpo..][..l.w * cpo];
                     from_pixel_major(row, cpo, l.w, &mut dst[r * l.w..], hw);
                 }
                 continue;
@@ -1002,7 +981,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         }
     }
 
-    /// The fused pixel-major pass of one segment (`f32` only; see [`Task::pixel_major`]).
+    /// The fused pixel-major pass of one segment (`f32` only; see [`pixel_major_candidate`]).
     fn fused_pass(
         &mut self,
         (input, grad): (&[T], &mut [T]),
@@ -1423,10 +1402,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         packed.repack(gt, width, cog, 1, width);
         let mut n0 = 0;
         for b in blocks {
-            // SAFETY: AVX-512F was detected (`pixel_major_candidate`); B has depth cog (packed so by
-            // `permute_weight`); C = gcol columns n0 .. n0 + b.len() of `width` rows at stride
-            // `rows`, inside gcol (the blocks' columns sum to `rows`, asserted) and exclusive
-            // to this task.
+            // B has depth cog (`permute_weight`); the blocks' columns sum to `rows` (asserted).
+            // SAFETY: AVX-512F was detected (`pixel_major_candidate`); C = gcol columns n0 ..
+            // n0 + b.len() of `width` rows at stride `rows`, inside gcol, this task's own.
             unsafe { multiply_packed(packed, b, Init::Zero, gcol.as_mut_ptr().add(n0), rows) };
             n0 += b.len();
         }

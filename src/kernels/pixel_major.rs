@@ -141,15 +141,15 @@ pub(crate) fn to_pixel_major(
 }
 
 /// `dst[c * stride + q] = src[q * channels + c]` for `q < count`, `c < channels`: the inverse
-/// of [`to_pixel_major`].
+/// of [`to_pixel_major`], for any element type (in registers for `f32` on AVX-512).
 ///
 /// # Panics
 /// If `src` or `dst` is too short.
-pub(crate) fn from_pixel_major(
-    src: &[f32],
+pub(crate) fn from_pixel_major<T: Copy + 'static>(
+    src: &[T],
     channels: usize,
     count: usize,
-    dst: &mut [f32],
+    dst: &mut [T],
     stride: usize,
 ) {
     if channels == 0 || count == 0 {
@@ -158,9 +158,12 @@ pub(crate) fn from_pixel_major(
     assert!(dst.len() >= (channels - 1) * stride + count && src.len() >= count * channels);
     #[cfg(target_arch = "x86_64")]
     if super::lanes::isa() == super::lanes::Isa::Avx512 {
-        // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
-        unsafe { x86::transpose(src, channels, dst, stride, count, channels) };
-        return;
+        use super::{same_type, same_type_mut};
+        if let (Some(s), Some(d)) = (same_type::<T, f32>(src), same_type_mut::<T, f32>(dst)) {
+            // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
+            unsafe { x86::transpose(s, channels, d, stride, count, channels) };
+            return;
+        }
     }
     for (q, row) in src.chunks_exact(channels).take(count).enumerate() {
         for (c, &v) in row.iter().enumerate() {
