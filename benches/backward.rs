@@ -6,16 +6,13 @@
 //!
 //! `cargo bench --bench backward -- --warm-up-time 1 --measurement-time 3`
 
-#[path = "workloads/mod.rs"]
-mod workloads;
-
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use deformconv::workloads::{Workload, WORKLOADS};
 use deformconv::{
     conv2d_backward_into, conv2d_into, deform_conv2d_backward_into, deform_conv2d_into, GradsMut,
 };
 use ndarray::{Array1, Array4};
 use std::hint::black_box;
-use workloads::{Workload, WORKLOADS};
 
 /// Preallocated gradient buffers of a workload.
 struct Buffers {
@@ -56,12 +53,7 @@ fn backward(c: &mut Criterion) {
     for wl in WORKLOADS {
         let ops = wl.operands();
         let params = wl.params();
-        let g = wl.geometry();
-        let mut r = 0x2545_F491_4F6C_DD1Du64;
-        let grad_out = Array4::from_shape_fn(g.out_shape(), |_| {
-            r = r.wrapping_mul(6364136223846793005).wrapping_add(1);
-            ((r >> 40) as f32) / ((1u64 << 24) as f32) - 0.5
-        });
+        let grad_out = &ops.grad_out;
         let mut buf = Buffers::new(&wl);
         let mask = ops.mask.as_ref().map(|m| m.view());
         let full = (true, true, wl.mask, true, wl.bias);

@@ -7,15 +7,12 @@
 //!
 //! `cargo bench --bench forward -- --warm-up-time 1 --measurement-time 3`
 
-#[path = "workloads/mod.rs"]
-mod workloads;
-
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use deformconv::workloads::WORKLOADS;
 use deformconv::{conv2d_gemm_only_into, conv2d_into, deform_conv2d_into};
 use ndarray::Array4;
 use rayon::prelude::*;
 use std::hint::black_box;
-use workloads::WORKLOADS;
 
 /// matrixmultiply's GEMM: `out[n] = weight · cols[n]`, images in parallel.
 fn gemm_alone(m: usize, k: usize, p: usize, a: &[f32], b: &[f32], c: &mut [f32]) {

@@ -9,15 +9,12 @@
 //!
 //! `cargo bench --bench layout -- --warm-up-time 1 --measurement-time 3`
 
-#[path = "workloads/mod.rs"]
-mod workloads;
-
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use deformconv::layout::{from_oihw, nchw_to_nhwc, Flip, WeightLayout};
+use deformconv::workloads::{Workload, WORKLOADS};
 use deformconv::{conv2d_backward_into, conv2d_into, deform_conv2d_into, nhwc, GradsMut};
 use ndarray::{Array1, Array4};
 use std::hint::black_box;
-use workloads::{Workload, WORKLOADS};
 
 fn workload(name: &str) -> Workload {
     *WORKLOADS

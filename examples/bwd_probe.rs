@@ -1,8 +1,6 @@
 //! Quick timing probe of the backward on W2 / W4 (min of several runs), for development;
 //! `ratio` times forward and full backward back to back (`ITERS` pairs) and prints the
 //! median of the per-pair ratios.
-#[path = "../benches/workloads/mod.rs"]
-mod workloads;
 
 use deformconv::{conv2d, conv2d_backward, deform_conv2d, deform_conv2d_backward, Want};
 use ndarray::Array4;
@@ -22,7 +20,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    for wl in workloads::WORKLOADS {
+    for wl in deformconv::workloads::WORKLOADS {
         if !which.is_empty() && !which.iter().any(|w| w == wl.name) {
             continue;
         }

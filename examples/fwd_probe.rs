@@ -1,7 +1,5 @@
 //! Quick timing probe of the forward on one workload (min of several runs), for development:
 //! `cargo run --release --example fwd_probe -- W2 [dense|gemm]` (`ITERS=n` runs).
-#[path = "../benches/workloads/mod.rs"]
-mod workloads;
 
 use deformconv::{conv2d_into, deform_conv2d_into};
 use ndarray::Array4;
@@ -12,7 +10,7 @@ fn main() {
     let name = args.first().map_or("W2", |s| s.as_str());
     let dense = args.iter().any(|a| a == "dense");
     let gemm = args.iter().any(|a| a == "gemm");
-    let wl = workloads::WORKLOADS
+    let wl = deformconv::workloads::WORKLOADS
         .iter()
         .find(|w| w.name == name)
         .expect("workload");

@@ -4,8 +4,6 @@
 //! sizes to see that the workspace does not grow with the batch:
 //!
 //! `cargo run --release --example workspace_probe [W4] [batches...]`
-#[path = "../benches/workloads/mod.rs"]
-mod workloads;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,7 +54,7 @@ fn main() {
         .find(|a| a.starts_with('W'))
         .map_or("W4", |s| s.as_str());
     let batches: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
-    let base = *workloads::WORKLOADS
+    let base = *deformconv::workloads::WORKLOADS
         .iter()
         .find(|w| w.name == name)
         .expect("workload");
@@ -71,7 +69,7 @@ fn main() {
         rayon::current_num_threads()
     );
     for n in batches {
-        let wl = workloads::Workload { n, ..base };
+        let wl = deformconv::workloads::Workload { n, ..base };
         let g = wl.geometry();
         let ops = wl.operands();
         let params = wl.params();

@@ -45,6 +45,7 @@ mod sample;
 mod scratch;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod workloads;
 
 pub use backward::{
     conv2d_backward, conv2d_backward_into, conv2d_grad_input, conv2d_grad_input_into,

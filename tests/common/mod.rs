@@ -9,14 +9,10 @@ use deformconv::{ConvParams, Padding};
 use ndarray::{ArrayD, Dimension};
 use ndarray_npy::NpzReader;
 
-/// Where `../shared/golden` lives relative to the crate (CI puts `shared/` beside the clone).
+/// The golden cases, inside the repository and the packaged crate (`tests/data/golden/`).
 pub fn golden_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden");
-    assert!(
-        dir.is_dir(),
-        "golden cases not found at {} (shared/ must sit beside the crate)",
-        dir.display()
-    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden");
+    assert!(dir.is_dir(), "golden cases not found at {}", dir.display());
     dir
 }
 

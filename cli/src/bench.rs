@@ -10,127 +10,25 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use deformconv::{ConvParams, Geometry, Want};
-use ndarray::{Array1, Array4};
+use deformconv::workloads::{Workload, WORKLOADS};
+use deformconv::Want;
+use ndarray::Array4;
 
 use crate::args::BenchArgs;
 use crate::failure::{Failure, Outcome};
 
-/// One benchmark shape.
-struct Workload {
-    name: &'static str,
-    input: [usize; 4],
-    weight: [usize; 4],
-    params: ConvParams,
-    mask: bool,
-    bias: bool,
-}
-
+/// The workloads, with `--quick` dividing every batch by 16 (at least 1).
 fn workloads(quick: bool) -> Vec<Workload> {
-    // --quick keeps every shape but the batch (divided by 16, at least 1).
-    let n = |n: usize| if quick { (n / 16).max(1) } else { n };
-    let w = |name, input: [usize; 4], weight, params, mask, bias| Workload {
-        name,
-        input: [n(input[0]), input[1], input[2], input[3]],
-        weight,
-        params,
-        mask,
-        bias,
-    };
-    let p = ConvParams::default;
-    vec![
-        w("W1 mnist", [64, 8, 14, 14], [16, 8, 3, 3], p(), false, true),
-        w(
-            "W2 res5",
-            [16, 512, 7, 7],
-            [512, 512, 3, 3],
-            p().padding(1, 1).offset_groups(4),
-            false,
-            false,
-        ),
-        w(
-            "W2s res5 s2",
-            [16, 512, 14, 14],
-            [512, 512, 3, 3],
-            p().padding(1, 1).stride(2, 2).offset_groups(4),
-            false,
-            false,
-        ),
-        w(
-            "W3 dense5x5",
-            [32, 30, 64, 64],
-            [64, 30, 5, 5],
-            p().padding(2, 2),
-            false,
-            false,
-        ),
-        w(
-            "W3 dense3x3",
-            [32, 30, 64, 64],
-            [64, 30, 3, 3],
-            p().padding(1, 1),
-            false,
-            false,
-        ),
-        w(
-            "W3 dilated3x3",
-            [32, 30, 64, 64],
-            [64, 30, 3, 3],
-            p().padding(2, 2).dilation(2, 2),
-            false,
-            false,
-        ),
-        w(
-            "W4 dcnv2",
-            [2, 256, 64, 64],
-            [256, 256, 3, 3],
-            p().padding(1, 1),
-            true,
-            true,
-        ),
-    ]
-}
-
-/// SplitMix64 for reproducible operands.
-struct Rng(u64);
-
-impl Rng {
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        lo + (hi - lo) * ((z >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    fn array(&mut self, shape: [usize; 4], lo: f32, hi: f32) -> Array4<f32> {
-        Array4::from_shape_simple_fn(shape, || self.uniform(lo, hi))
-    }
-}
-
-/// The operands of one workload.
-struct Operands {
-    input: Array4<f32>,
-    offset: Array4<f32>,
-    mask: Option<Array4<f32>>,
-    weight: Array4<f32>,
-    bias: Option<Array1<f32>>,
-    grad_out: Array4<f32>,
-}
-
-fn operands(w: &Workload, g: &Geometry) -> Operands {
-    let mut rng = Rng(0x5EED ^ g.forward_flops() as u64);
-    // Offsets of a trained layer are mostly within a couple of pixels.
-    Operands {
-        input: rng.array(g.input_shape(), -1.0, 1.0),
-        offset: rng.array(g.offset_shape(), -2.0, 2.0),
-        mask: w.mask.then(|| rng.array(g.mask_shape(), 0.0, 1.0)),
-        weight: rng.array(g.weight_shape(), -0.1, 0.1),
-        bias: w
-            .bias
-            .then(|| Array1::from_shape_simple_fn(g.c_out, || rng.uniform(-1.0, 1.0))),
-        grad_out: rng.array(g.out_shape(), -1.0, 1.0),
-    }
+    WORKLOADS
+        .iter()
+        .map(|w| {
+            if quick {
+                w.with_batch((w.n / 16).max(1))
+            } else {
+                *w
+            }
+        })
+        .collect()
 }
 
 /// Progress on stderr: one line rewritten in place on a terminal, one line per step otherwise.
@@ -189,15 +87,15 @@ fn sum(a: &Array4<f32>) -> f64 {
 }
 
 fn measure(w: &Workload, repeats: usize, progress: &Progress, step: usize) -> Outcome<Row> {
-    let g = Geometry::new(w.input, w.weight, &w.params)
-        .map_err(|e| Failure::bad(format!("bench {}: {e}", w.name)))?;
-    let ops = operands(w, &g);
+    let g = w.geometry();
+    let ops = w.operands();
+    let params = w.params();
     let (x, off, wt, go, p) = (
         ops.input.view(),
         ops.offset.view(),
         ops.weight.view(),
         ops.grad_out.view(),
-        &w.params,
+        &params,
     );
     let mask = ops.mask.as_ref().map(|m| m.view());
     let bias = ops.bias.as_ref().map(|b| b.view());
@@ -311,7 +209,7 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
     let started = Instant::now();
     let mut rows = Vec::new();
     for (step, w) in list.iter().enumerate() {
-        rows.push(measure(w, args.repeats, &progress, step)?);
+        rows.push(measure(w, args.repeats as usize, &progress, step)?);
     }
     progress.done();
 

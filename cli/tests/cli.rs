@@ -1,17 +1,19 @@
 //! The `deformconv` binary: `run` then `compare` on every golden case, perturbed results caught
 //! at the right index, every kind of bad file rejected with exit code 2 and one clear line.
 
-mod common;
-
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::golden_dir;
 use ndarray::{ArrayD, Dimension, IxDyn};
 use ndarray_npy::{NpzReader, NpzWriter};
 
 const BIN: &str = env!("CARGO_BIN_EXE_deformconv");
+
+/// The golden cases of the repository (`tests/data/golden/` of the library crate).
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/golden")
+}
 
 /// A fresh directory for one test.
 fn scratch(test: &str) -> PathBuf {
@@ -410,16 +412,50 @@ fn bad_files_exit_2_with_one_clear_line() {
         "compare missing file",
     );
 
-    // Usage errors.
-    expect_bad(
+    // Usage errors: clap's format (an `error:` line, the usage, a hint), exit 2.
+    expect_usage(
         &deformconv(&[Path::new("run"), &good]),
-        "run needs -o",
+        "--output <OUT.npz>",
         "no -o",
     );
-    expect_bad(
+    expect_usage(
         &deformconv(&[Path::new("frobnicate")]),
-        "unknown command",
+        "unrecognized subcommand 'frobnicate'",
         "bad command",
+    );
+    expect_usage(
+        &deformconv(&[Path::new("comapre")]),
+        "a similar subcommand exists: 'compare'",
+        "typo",
+    );
+}
+
+/// Asserts a usage error: exit 2, clap's `error:` first line, `needle` somewhere, no panic.
+fn expect_usage(out: &Output, needle: &str, what: &str) {
+    expect_code(out, 2, what);
+    let err = text(&out.stderr);
+    assert!(err.starts_with("error: "), "{what}: {err}");
+    assert!(err.contains(needle), "{what}: {err:?} lacks {needle:?}");
+    assert!(!err.contains("panicked"), "{what}: {err}");
+}
+
+#[test]
+fn help_and_version() {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["compare", "--help"],
+        &["bench", "--help"],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let stdout = expect_code(&out, 0, &format!("{args:?}"));
+        assert!(stdout.contains("Usage: deformconv"), "{args:?}: {stdout}");
+    }
+    let out = Command::new(BIN).arg("--version").output().unwrap();
+    let stdout = expect_code(&out, 0, "--version");
+    assert_eq!(
+        stdout.trim(),
+        format!("deformconv {}", env!("CARGO_PKG_VERSION"))
     );
 }
 
@@ -430,15 +466,7 @@ fn bench_quick_prints_what_it_computed_and_timings() {
         .output()
         .unwrap();
     let stdout = expect_code(&out, 0, "bench --quick");
-    for w in [
-        "W1",
-        "W2 ",
-        "W2s",
-        "W3 dense5x5",
-        "W3 dense3x3",
-        "W3 dilated3x3",
-        "W4",
-    ] {
+    for w in deformconv::workloads::WORKLOADS.map(|w| w.name) {
         assert!(stdout.contains(w), "{w} missing:\n{stdout}");
     }
     assert!(
