@@ -1,5 +1,5 @@
 //! A case: the operands of one problem (from `CASE.npz`) and its parameters (from the JSON
-//! sidecar `CASE.json`, the format of `../shared/golden/`).
+//! sidecar `CASE.json`, the format of `tests/data/golden/`).
 //!
 //! ```json
 //! {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1,

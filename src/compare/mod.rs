@@ -63,7 +63,7 @@ pub use scales::{error_scales, Operands, Scales};
 /// every golden case and the generated problems, our f32 fast path stays below 0.5 of it.
 pub const DEFAULT_BOUND_FACTOR: f64 = 4.0;
 
-/// One result tensor, named as in the golden format (`../shared/golden/README.md`).
+/// One result tensor, named as in the golden format (`tests/data/golden/README.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Output {
     /// The forward result, `[N, C_out, H_out, W_out]`.
