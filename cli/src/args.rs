@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use deformconv::compare::Output;
 
 /// Deformable convolution on the CPU: time the workloads of the users' reports, compute a
 /// case's results (fast or exact), and judge another implementation's results.
@@ -75,6 +76,10 @@ pub struct CompareArgs {
     /// The constant c of the error bound c * L * eps * sum|terms|.
     #[arg(long, value_parser = non_negative)]
     pub bound_factor: Option<f64>,
+    /// Compare only these results (comma-separated: out, grad_input, grad_offset, grad_mask,
+    /// grad_weight, grad_bias); by default every result of EXPECTED must be in ACTUAL.
+    #[arg(long, value_delimiter = ',', value_parser = output_name)]
+    pub only: Option<Vec<Output>>,
 }
 
 /// `deformconv bench`.
@@ -86,6 +91,16 @@ pub struct BenchArgs {
     /// Timed runs per measurement; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
+}
+
+fn output_name(s: &str) -> Result<Output, String> {
+    Output::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = Output::ALL.iter().map(|o| o.name()).collect();
+        format!(
+            "{s:?} is not a result; expected one of {}",
+            names.join(", ")
+        )
+    })
 }
 
 fn non_negative(s: &str) -> Result<f64, String> {
@@ -144,6 +159,11 @@ mod tests {
             panic!("not compare")
         };
         assert_eq!((c.rtol, c.atol), (Some(1e-3), None));
+        let c = parse(&["compare", "e", "a", "--only", "out,grad_input"]).unwrap();
+        let Some(Command::Compare(c)) = c.command else {
+            panic!("not compare")
+        };
+        assert_eq!(c.only, Some(vec![Output::Out, Output::GradInput]));
     }
 
     #[test]
@@ -157,6 +177,7 @@ mod tests {
             &["frobnicate"],
             &["bench", "--repeats", "0"],
             &["run", "a.npz", "-o", "b.npz", "--fast"],
+            &["compare", "a", "b", "--only", "out,grad_bais"],
         ] {
             let e = parse(args).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{args:?}");

@@ -16,6 +16,7 @@ use ndarray::Array4;
 
 use crate::args::BenchArgs;
 use crate::failure::{Failure, Outcome};
+use crate::output::say;
 
 /// The workloads, with `--quick` dividing every batch by 16 (at least 1).
 fn workloads(quick: bool) -> Vec<Workload> {
@@ -185,7 +186,7 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
                 }
             })
             .collect();
-        println!("{}", text.join("  "));
+        say(format_args!("{}", text.join("  ")));
     };
     line(header.to_vec());
     for r in rows {
@@ -200,12 +201,12 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
         tty: std::io::stderr().is_terminal(),
         total: list.len(),
     };
-    println!(
+    say(format_args!(
         "deformconv bench{}: float32, {} rayon thread(s), median of {} run(s) after a warm-up",
         if args.quick { " --quick" } else { "" },
         rayon::current_num_threads(),
         args.repeats
-    );
+    ));
     let started = Instant::now();
     let mut rows = Vec::new();
     for (step, w) in list.iter().enumerate() {
@@ -213,8 +214,10 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
     }
     progress.done();
 
-    println!();
-    println!("forward (deform_conv2d vs conv2d on the same shapes)");
+    say("");
+    say(format_args!(
+        "forward (deform_conv2d vs conv2d on the same shapes)"
+    ));
     print_table(
         &[
             "workload",
@@ -242,8 +245,10 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
             })
             .collect::<Vec<_>>(),
     );
-    println!();
-    println!("backward, every gradient (GFLOP/s counts 2x the forward FLOPs)");
+    say("");
+    say(format_args!(
+        "backward, every gradient (GFLOP/s counts 2x the forward FLOPs)"
+    ));
     print_table(
         &[
             "workload",
@@ -271,10 +276,10 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
             })
             .collect::<Vec<_>>(),
     );
-    println!();
-    println!(
+    say("");
+    say(format_args!(
         "total {:.1} s. sum(out): deformable forward output; sum(grads): grad_input + grad_offset + grad_mask + grad_weight",
         started.elapsed().as_secs_f64()
-    );
+    ));
     Ok(())
 }

@@ -7,15 +7,17 @@
 //! ```
 //!
 //! Every key is optional: stride, padding and dilation default to `[1, 1]`, `[0, 0]`, `[1, 1]`,
-//! groups to 1, offset_groups to what the offset's channels imply. `padding` may also be an
-//! object `{"top": t, "bottom": b, "left": l, "right": r}` (asymmetric). `has_mask` and
-//! `has_bias`, when given, must agree with the arrays present.
+//! groups to 1, offset_groups to what the offset's channels imply, convention to
+//! `"torchvision"` (also `"mmcv"`, `"dcn_v1"`). Stride, padding and dilation may be written as
+//! torch does, `n` or `[h, w]`; padding also per side, `[top, bottom, left, right]` or
+//! `{"top": t, "bottom": b, "left": l, "right": r}`. `has_mask` and `has_bias`, when given,
+//! must agree with the arrays present. A key given twice is an error.
 
 use std::path::{Path, PathBuf};
 
-use deformconv::{ConvParams, Geometry, Padding};
+use deformconv::{ConvParams, Convention, Geometry, Padding};
 use ndarray::{Array1, Array4, ArrayD, Ix1, Ix4};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::failure::{Failure, Outcome};
 use crate::npz::{AnyArray, ArrayRef, Element, Npz};
@@ -68,48 +70,126 @@ struct JsonParams {
     has_bias: Option<bool>,
 }
 
+/// A JSON object's entries in file order, duplicates kept (serde_json's map keeps the last).
+struct Entries(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of parameters")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut m: M,
+            ) -> Result<Entries, M::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = m.next_entry::<String, Value>()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// The parameters a sidecar's text describes (the offset groups as written, else 1).
+pub fn parse_sidecar(text: &str) -> Result<ConvParams, String> {
+    parse_json(text).map(|p| p.params)
+}
+
+fn parse_json(text: &str) -> Result<JsonParams, String> {
+    let Entries(entries) = serde_json::from_str(text)
+        .map_err(|e| format!("not valid JSON (an object of parameters): {e}"))?;
+    for (i, (key, _)) in entries.iter().enumerate() {
+        if entries[..i].iter().any(|(k, _)| k == key) {
+            return Err(format!("key {key:?} appears twice"));
+        }
+    }
+    parse_params(&entries)
+}
+
 fn read_json(path: &Path) -> Outcome<JsonParams> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::bad(format!(
-            "{}: cannot read the parameters sidecar: {e}",
-            path.display()
-        ))
-    })?;
+    // A sidecar is a few hundred bytes; more than a megabyte is not one.
+    const MAX_SIDECAR: u64 = 1 << 20;
     let bad = |msg: String| Failure::bad(format!("{}: {msg}", path.display()));
-    let value: Value =
-        serde_json::from_str(&text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let Value::Object(map) = value else {
-        return Err(bad("expected a JSON object of parameters".into()));
-    };
-    parse_params(&map).map_err(bad)
+    let len = std::fs::metadata(path)
+        .map_err(|e| bad(format!("cannot read the parameters sidecar: {e}")))?
+        .len();
+    if len > MAX_SIDECAR {
+        return Err(bad(format!(
+            "a parameters sidecar of {len} bytes; at most {MAX_SIDECAR} are read"
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| bad(format!("cannot read the parameters sidecar: {e}")))?;
+    parse_json(&text).map_err(bad)
 }
 
 fn count(key: &str, v: &Value) -> Result<usize, String> {
     v.as_u64()
         .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| format!("{key} must be a non-negative integer, got {v}"))
+        .ok_or_else(|| format!("{key} must be a non-negative integer, got {}", short(v)))
 }
 
+/// A value in a message, cut to a readable length.
+fn short(v: &Value) -> String {
+    let text = v.to_string();
+    match text.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
+    }
+}
+
+/// `n` or `[h, w]`, as torch writes an int-or-pair parameter.
 fn pair(key: &str, v: &Value) -> Result<(usize, usize), String> {
     match v.as_array().map(Vec::as_slice) {
+        None if v.is_number() => count(key, v).map(|n| (n, n)),
         Some([a, b]) => Ok((count(key, a)?, count(key, b)?)),
-        _ => Err(format!("{key} must be a pair [h, w], got {v}")),
+        _ => Err(format!("{key} must be n or [h, w], got {}", short(v))),
     }
 }
 
 fn flag(key: &str, v: &Value) -> Result<bool, String> {
     v.as_bool()
-        .ok_or_else(|| format!("{key} must be true or false, got {v}"))
+        .ok_or_else(|| format!("{key} must be true or false, got {}", short(v)))
 }
 
-fn parse_params(map: &Map<String, Value>) -> Result<JsonParams, String> {
+fn convention(v: &Value) -> Result<Convention, String> {
+    match v.as_str() {
+        Some("torchvision") => Ok(Convention::Torchvision),
+        Some("mmcv") => Ok(Convention::Mmcv),
+        Some("dcn_v1") => Ok(Convention::DcnV1),
+        _ => Err(format!(
+            "convention must be \"torchvision\", \"mmcv\" or \"dcn_v1\", got {}",
+            short(v)
+        )),
+    }
+}
+
+/// The sidecar's name of a convention.
+pub fn convention_name(c: Convention) -> &'static str {
+    match c {
+        Convention::Torchvision => "torchvision",
+        Convention::Mmcv => "mmcv",
+        Convention::DcnV1 => "dcn_v1",
+    }
+}
+
+const KNOWN_KEYS: &str =
+    "stride, padding, dilation, groups, offset_groups, has_mask, has_bias, convention";
+
+fn parse_params(entries: &[(String, Value)]) -> Result<JsonParams, String> {
     let mut p = JsonParams {
         params: ConvParams::default(),
         offset_groups: None,
         has_mask: None,
         has_bias: None,
     };
-    for (key, v) in map {
+    for (key, v) in entries {
         match key.as_str() {
             "stride" => {
                 let (h, w) = pair(key, v)?;
@@ -126,16 +206,20 @@ fn parse_params(map: &Map<String, Value>) -> Result<JsonParams, String> {
             "offset_groups" => p.offset_groups = Some(count(key, v)?),
             "has_mask" => p.has_mask = Some(flag(key, v)?),
             "has_bias" => p.has_bias = Some(flag(key, v)?),
+            "convention" => p.params = p.params.convention(convention(v)?),
             other => {
-                return Err(format!(
-                    "unknown key {other:?} (known: stride, padding, dilation, groups, offset_groups, has_mask, has_bias)"
-                ))
+                let mut shown: String = other.chars().take(40).collect();
+                if shown.len() < other.len() {
+                    shown.push_str("...");
+                }
+                return Err(format!("unknown key {shown:?} (known: {KNOWN_KEYS})"));
             }
         }
     }
     Ok(p)
 }
 
+/// `n`, `[h, w]`, `[top, bottom, left, right]` or `{"top", "bottom", "left", "right"}`.
 fn padding(v: &Value) -> Result<Padding, String> {
     if let Value::Object(sides) = v {
         let mut pad = Padding::default();
@@ -146,22 +230,33 @@ fn padding(v: &Value) -> Result<Padding, String> {
                 "bottom" => pad.bottom = n,
                 "left" => pad.left = n,
                 "right" => pad.right = n,
-                other => {
-                    return Err(format!(
-                        "unknown padding side {other:?} (known: top, bottom, left, right)"
-                    ))
+                _ => {
+                    return Err("unknown padding side (known: top, bottom, left, right)".to_string())
                 }
             }
         }
         return Ok(pad);
     }
+    if let Some([t, b, l, r]) = v.as_array().map(Vec::as_slice) {
+        let c = |x| count("padding", x);
+        return Ok(Padding {
+            top: c(t)?,
+            bottom: c(b)?,
+            left: c(l)?,
+            right: c(r)?,
+        });
+    }
     let (h, w) = pair("padding", v).map_err(|_| {
-        format!("padding must be [h, w] or {{\"top\", \"bottom\", \"left\", \"right\"}}, got {v}")
+        format!(
+            "padding must be n, [h, w], [top, bottom, left, right] or {{\"top\", \"bottom\", \"left\", \"right\"}}, got {}",
+            short(v)
+        )
     })?;
     Ok(Padding::symmetric(h, w))
 }
 
-/// The sidecar JSON of `params` (golden format; padding as an object only when asymmetric).
+/// The sidecar JSON of `params` (golden format; padding as an object only when asymmetric;
+/// the convention only when it is not torchvision's).
 pub fn params_json(params: &ConvParams, has_mask: bool, has_bias: bool) -> Value {
     let p = params.padding;
     let padding = if p.top == p.bottom && p.left == p.right {
@@ -169,7 +264,7 @@ pub fn params_json(params: &ConvParams, has_mask: bool, has_bias: bool) -> Value
     } else {
         json!({"top": p.top, "bottom": p.bottom, "left": p.left, "right": p.right})
     };
-    json!({
+    let mut v = json!({
         "stride": [params.stride.0, params.stride.1],
         "padding": padding,
         "dilation": [params.dilation.0, params.dilation.1],
@@ -177,7 +272,11 @@ pub fn params_json(params: &ConvParams, has_mask: bool, has_bias: bool) -> Value
         "offset_groups": params.offset_groups,
         "has_mask": has_mask,
         "has_bias": has_bias,
-    })
+    });
+    if params.convention != Convention::Torchvision {
+        v["convention"] = json!(convention_name(params.convention));
+    }
+    v
 }
 
 /// Reads and validates the case `CASE.npz` + `CASE.json`.
@@ -225,9 +324,9 @@ pub fn read_from(npz: &mut Npz) -> Outcome<AnyCase> {
         if let Some(said) = flag {
             if said != present {
                 return Err(Failure::bad(format!(
-                    "{}: {key} is {said} but {file} {} an array {name}",
+                    "{}: {key} is {said} but {file} {} array {name}",
                     json_path.display(),
-                    if present { "has" } else { "has no" }
+                    if present { "has an" } else { "has no" }
                 )));
             }
         }

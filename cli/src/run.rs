@@ -13,6 +13,7 @@ use crate::args::RunArgs;
 use crate::case::{self, AnyCase, Case};
 use crate::failure::{Failure, Outcome};
 use crate::npz::{self, Element};
+use crate::output;
 
 /// Results of one case, named.
 type Results<R> = Vec<(Output, ArrayD<R>)>;
@@ -102,23 +103,51 @@ fn write_case<T: Element, R: Element>(
     for (o, a) in results {
         arrays.push((o.name(), R::array_ref(a.view())));
     }
-    npz::write(&args.out, &arrays)?;
+    let npz = npz::to_bytes(&arrays)
+        .map_err(|e| Failure::bad(format!("{}: cannot write: {e}", args.out.display())))?;
     let json = case::params_json(&c.params, c.mask.is_some(), c.bias.is_some());
     let json_path = case::sidecar(&args.out);
-    std::fs::write(&json_path, format!("{json}\n"))
-        .map_err(|e| Failure::bad(format!("{}: cannot write: {e}", json_path.display())))?;
+    output::write_all_or_nothing(&[
+        (&args.out, &npz),
+        (&json_path, format!("{json}\n").as_bytes()),
+    ])?;
     let listed: Vec<String> = results
         .iter()
         .map(|(o, a)| format!("{o} {:?}", a.shape()))
         .collect();
-    println!(
+    output::say(format_args!(
         "{}: {} ({how}, {}); parameters in {}",
         args.out.display(),
         listed.join(", "),
         R::DTYPE,
         json_path.display()
-    );
+    ));
     Ok(())
+}
+
+/// Refuses an output whose sidecar would be the output itself (`-o res.json`, also the case's
+/// own sidecar), the case's npz, or the case's sidecar: the pair written must not destroy the
+/// other half of a pair. Writing over the case itself is allowed (the
+/// results file holds the operands too, and the writes are atomic).
+fn check_output_names(args: &RunArgs) -> Outcome<()> {
+    let (out, out_json) = (&args.out, case::sidecar(&args.out));
+    let case_json = case::sidecar(&args.case);
+    let clash = if output::same_file(out, &out_json) {
+        Some("its parameters sidecar would be the same file")
+    } else if output::same_file(&out_json, &args.case) {
+        Some("its parameters sidecar would overwrite the case")
+    } else if output::same_file(&out_json, &case_json) && !output::same_file(out, &args.case) {
+        Some("its parameters sidecar would overwrite the case's")
+    } else {
+        None
+    };
+    match clash {
+        Some(why) => Err(Failure::bad(format!(
+            "-o {}: {why}; name the output OUT.npz (its sidecar is OUT.json)",
+            out.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn run_typed<T: Element>(args: &RunArgs, c: &Case<T>) -> Outcome<()> {
@@ -133,6 +162,7 @@ fn run_typed<T: Element>(args: &RunArgs, c: &Case<T>) -> Outcome<()> {
 
 /// Runs the command.
 pub fn run(args: &RunArgs) -> Outcome<()> {
+    check_output_names(args)?;
     match case::read(&args.case)? {
         AnyCase::F32(c) => run_typed(args, &c),
         AnyCase::F64(c) => run_typed(args, &c),

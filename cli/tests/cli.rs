@@ -330,7 +330,11 @@ fn bad_files_exit_2_with_one_clear_line() {
         npz.finish().unwrap();
         fs::copy(golden.join("batch2.json"), dir.join("ints.json")).unwrap();
     }
-    expect_bad(&run(&ints), "array input has dtype", "int64 input");
+    expect_bad(
+        &run(&ints),
+        "array input: dtype \"<i8\" is not supported",
+        "int64 input",
+    );
     let mixed = golden_copy(&dir, "dil2", &["offset"], |_| {});
     expect_bad(
         &run(&mixed),
