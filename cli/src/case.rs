@@ -96,11 +96,6 @@ impl<'de> serde::Deserialize<'de> for Entries {
     }
 }
 
-/// The parameters a sidecar's text describes (the offset groups as written, else 1).
-pub fn parse_sidecar(text: &str) -> Result<ConvParams, String> {
-    parse_json(text).map(|p| p.params)
-}
-
 fn parse_json(text: &str) -> Result<JsonParams, String> {
     let Entries(entries) = serde_json::from_str(text)
         .map_err(|e| format!("not valid JSON (an object of parameters): {e}"))?;
@@ -296,6 +291,19 @@ pub fn read_from(npz: &mut Npz) -> Outcome<AnyCase> {
         )));
     }
     let json = read_json(&json_path)?;
+    build_case(npz, json, &json_path)
+}
+
+/// Validates the case held by `npz` with the parameters of the sidecar text `json` (from
+/// memory: the fuzz target's entry point).
+pub fn from_parts(npz: &mut Npz, json: &str) -> Outcome<AnyCase> {
+    let json_path = sidecar(npz.path());
+    let params =
+        parse_json(json).map_err(|m| Failure::bad(format!("{}: {m}", json_path.display())))?;
+    build_case(npz, params, &json_path)
+}
+
+fn build_case(npz: &mut Npz, json: JsonParams, json_path: &Path) -> Outcome<AnyCase> {
     let input = npz.require("input")?;
     let mut arrays: Vec<(&str, Option<AnyArray>)> = vec![("input", Some(input.clone()))];
     for name in ["offset", "weight"] {

@@ -16,14 +16,14 @@ use crate::npz::{self, Element};
 use crate::output;
 
 /// Results of one case, named.
-type Results<R> = Vec<(Output, ArrayD<R>)>;
+pub type Results<R> = Vec<(Output, ArrayD<R>)>;
 
 fn failed(case: &std::path::Path, e: deformconv::Error) -> Failure {
     Failure::bad(format!("{}: {e}", case.display()))
 }
 
 /// The fast path in the case's own element type.
-fn fast<T: Element>(c: &Case<T>) -> deformconv::Result<Results<T>> {
+pub fn fast<T: Element>(c: &Case<T>) -> deformconv::Result<Results<T>> {
     let mask = c.mask.as_ref().map(|m| m.view());
     let bias = c.bias.as_ref().map(|b| b.view());
     let (x, off, w, p) = (c.input.view(), c.offset.view(), c.weight.view(), &c.params);
@@ -57,7 +57,7 @@ fn fast<T: Element>(c: &Case<T>) -> deformconv::Result<Results<T>> {
 }
 
 /// The f64 reference oracle.
-fn exact<T: Element>(c: &Case<T>) -> deformconv::Result<Results<f64>> {
+pub fn exact<T: Element>(c: &Case<T>) -> deformconv::Result<Results<f64>> {
     let mask = c.mask.as_ref().map(|m| m.view());
     let bias = c.bias.as_ref().map(|b| b.view());
     let (x, off, w, p) = (c.input.view(), c.offset.view(), c.weight.view(), &c.params);
