@@ -500,3 +500,25 @@ fn the_views_have_the_strides_they_claim() {
     assert_eq!(Stored1::new(&b, -2).view(), b.view());
     assert_eq!(Stored1::new(&b, -2).view().strides(), &[-2]);
 }
+
+#[test]
+fn a_reversed_bias_is_read_in_its_own_order() {
+    // Stride -1 on the bias once gave an internal layout error; it must act as its copy.
+    let input = Array4::from_shape_fn((2, 3, 5, 5), |(n, c, y, x)| {
+        (n + 2 * c + y * x) as f32 * 0.1
+    });
+    let weight = Array4::from_shape_fn((4, 3, 3, 3), |(o, c, i, j)| (o + c + i + j) as f32 * 0.01);
+    let offset = Array4::from_elem((2, 18, 5, 5), 0.25f32);
+    let bias = Array1::from_vec(vec![1.0f32, 2.0, 3.0, 4.0]);
+    let reversed = bias.slice(ndarray::s![..;-1]);
+    let copy = reversed.to_owned();
+    let p = ConvParams::default().padding(1, 1);
+    let (x, w, off) = (input.view(), weight.view(), offset.view());
+    let got = deform_conv2d(x, off, None, w, Some(reversed), &p).unwrap();
+    let want = deform_conv2d(x, off, None, w, Some(copy.view()), &p).unwrap();
+    same("deform_conv2d out", &got, &want);
+    let got = conv2d(x, w, Some(reversed), &p).unwrap();
+    let want = conv2d(x, w, Some(copy.view()), &p).unwrap();
+    same("conv2d out", &got, &want);
+    assert_ne!(copy[0], bias[0], "the view is reversed");
+}
