@@ -37,7 +37,9 @@ pub fn execute(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("deformconv: {}", failure.message);
+            // One line whatever a message quotes from a file.
+            let line: Vec<&str> = failure.message.lines().collect();
+            eprintln!("deformconv: {}", line.join(" "));
             ExitCode::from(failure.code)
         }
     }

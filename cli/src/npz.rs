@@ -153,7 +153,8 @@ impl Npz {
             return Ok(None);
         };
         let (path, file_len) = (self.path.display().to_string(), self.len);
-        let bad = |msg: String| Failure::bad(format!("{path}: array {name}: {msg}"));
+        let shown = name.escape_debug();
+        let bad = |msg: String| Failure::bad(format!("{path}: array {shown}: {msg}"));
         // The raw entry first: its method and sizes, before a reader for it is made.
         let (method, size, stored) = {
             let raw = self
@@ -198,12 +199,18 @@ impl Npz {
     pub fn require(&mut self, name: &str) -> Outcome<AnyArray> {
         self.get(name)?.ok_or_else(|| {
             Failure::bad(format!(
-                "{}: missing array {name} (has: {})",
+                "{}: missing array {} (has: {})",
                 self.path.display(),
+                name.escape_debug(),
                 if self.names.is_empty() {
                     "nothing".to_string()
                 } else {
-                    self.names.join(", ")
+                    let shown: Vec<String> = self
+                        .names
+                        .iter()
+                        .map(|n| n.escape_debug().to_string())
+                        .collect();
+                    shown.join(", ")
                 }
             ))
         })
