@@ -277,7 +277,7 @@ fn multi_tile_images_and_packed_images_match_reference() {
         h: 4,
         w: 5,
         seed: 12,
-        ..big.clone()
+        ..big
     };
     for case in [big, packed] {
         let t = case.tensors();

@@ -33,7 +33,7 @@ fn grad_out_for(case: &Case, seed: u64) -> Array4<f64> {
 fn border_problem(case: &Case, conv: Convention) -> (Case, Tensors, Array4<f64>) {
     let case = Case {
         params: case.params.convention(conv),
-        ..case.clone()
+        ..*case
     };
     let mut t = case.tensors();
     t.offset = border_offsets(&case, case.seed);

@@ -24,14 +24,14 @@ fn problems() -> Vec<Case> {
     };
     vec![
         // 576 pixels per image: two tiles per image, two slots.
-        base.clone(),
+        base,
         // 25 pixels per image: up to twenty images per tile, two groups.
         Case {
             n: 37,
             h: 5,
             w: 5,
             seed: 2,
-            ..base.clone()
+            ..base
         },
         // Offset groups cutting across conv groups (segments), strided, no mask.
         Case {

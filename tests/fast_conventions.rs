@@ -53,7 +53,7 @@ fn run_both<T: Float>(
 fn check_convention(case: &Case, conv: Convention) {
     let case = Case {
         params: case.params.convention(conv),
-        ..case.clone()
+        ..*case
     };
     let t = case.tensors();
     let offset = border_offsets(&case, case.seed);

@@ -38,9 +38,13 @@ impl Bound {
         // error_scales gives a NaN scale (`inf * 0` in its position term P) to every element
         // an infinite offset reaches, although such a sample lies outside every window and
         // has no terms. A finite far-away offset of the same sign has the same (no) terms.
-        let offset = t
-            .offset
-            .mapv(|v| if v.is_infinite() { v.signum() * 1e30 } else { v });
+        let offset = t.offset.mapv(|v| {
+            if v.is_infinite() {
+                v.signum() * 1e30
+            } else {
+                v
+            }
+        });
         let ops = Operands {
             input: t.input.view(),
             offset: offset.view(),
