@@ -2,12 +2,11 @@
 //! convention, where they must agree, where they must differ, an identity pinning DCN v1's
 //! edge clamping, finite differences of each convention's forward, and the golden cases.
 
-mod common;
 mod support;
 
 use deformconv::{reference, ConvParams, Convention, Padding};
 use ndarray::{s, Array4};
-use support::{dot, Offsets, Problem, Rng, Spec};
+use support::{dot, Case, Offsets, Problem, Rng};
 
 /// Forward and every gradient of one problem under one convention (mask and bias given).
 #[derive(Debug, PartialEq)]
@@ -20,7 +19,7 @@ struct Outputs {
 }
 
 fn run(p: &Problem, conv: Convention) -> Outputs {
-    run_with(p, p.spec.params().convention(conv))
+    run_with(p, p.spec.params.convention(conv))
 }
 
 fn run_with(p: &Problem, params: ConvParams) -> Outputs {
@@ -71,14 +70,14 @@ fn run_with(p: &Problem, params: ConvParams) -> Outputs {
 /// Offsets that put every sample where `pick(rng, size)` says along each axis (`size` = H for
 /// rows, W for columns), whatever the tap's undeformed position.
 fn offsets_placing(
-    spec: &Spec,
+    spec: &Case,
     rng: &mut Rng,
     mut pick: impl FnMut(&mut Rng, usize) -> f64,
 ) -> Array4<f64> {
     let (ho, wo) = spec.out_hw();
     let mut offset = Array4::zeros(spec.offset_shape());
     for n in 0..spec.n {
-        for ch in 0..spec.offset_groups * spec.taps() {
+        for ch in 0..spec.offset_groups() * spec.taps() {
             let k = ch % spec.taps();
             let (i, j) = (k / spec.kw, k % spec.kw);
             for y in 0..ho {
@@ -117,9 +116,9 @@ fn border_position(rng: &mut Rng, size: usize) -> f64 {
 }
 
 /// A random spec with at least `min` rows and columns.
-fn spec_at_least(rng: &mut Rng, min: usize) -> Spec {
+fn spec_at_least(rng: &mut Rng, min: usize) -> Case {
     loop {
-        let spec = Spec::random(rng);
+        let spec = Case::random(rng);
         if spec.h >= min && spec.w >= min {
             return spec;
         }
@@ -131,7 +130,7 @@ fn random_index(rng: &mut Rng, shape: &[usize]) -> [usize; 4] {
 }
 
 fn assert_close(what: &str, got: &Array4<f64>, want: &Array4<f64>, tol: f64) {
-    common::assert_rel_close("conventions", what, &got.view(), &want.view(), tol);
+    support::assert_rel_close("conventions", what, &got.view(), &want.view(), tol);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -375,14 +374,14 @@ fn conventions_agree_inside_the_image() {
 fn conventions_agree_on_zero_offsets() {
     for seed in 0..SEEDS {
         let mut rng = Rng::new(seed);
-        let spec = Spec::random(&mut rng);
+        let spec = Case::random(&mut rng);
         let mut p = Problem::random(spec, Offsets::Any, &mut rng);
         p.offset.fill(0.0);
         let dense = reference::conv2d(
             p.input.view(),
             p.weight.view(),
             Some(p.bias.view()),
-            &spec.params(),
+            &spec.params,
         )
         .unwrap();
         let no_mask = reference::deform_conv2d(
@@ -391,7 +390,7 @@ fn conventions_agree_on_zero_offsets() {
             None,
             p.weight.view(),
             Some(p.bias.view()),
-            &spec.params().convention(Convention::DcnV1),
+            &spec.params.convention(Convention::DcnV1),
         )
         .unwrap();
         assert_close(
@@ -420,7 +419,7 @@ fn mmcv_is_torchvision_with_the_offset_gradient_cut_off() {
     let mut changed = 0;
     for seed in 0..SEEDS {
         let mut rng = Rng::new(seed);
-        let spec = Spec::random(&mut rng);
+        let spec = Case::random(&mut rng);
         let mut p = Problem::random(spec, Offsets::Any, &mut rng);
         p.offset = offsets_placing(&spec, &mut rng, border_position);
         let tv = run(&p, Convention::Torchvision);
@@ -433,7 +432,7 @@ fn mmcv_is_torchvision_with_the_offset_gradient_cut_off() {
         let (ho, wo) = spec.out_hw();
         let (h, w) = (spec.h as f64, spec.w as f64);
         for n in 0..spec.n {
-            for ch in 0..spec.offset_groups * spec.taps() {
+            for ch in 0..spec.offset_groups() * spec.taps() {
                 let k = ch % spec.taps();
                 for y in 0..ho {
                     for x in 0..wo {
@@ -477,7 +476,7 @@ fn dcn_v1_is_torchvision_on_the_edge_replicated_image() {
     let mut collapsed = 0;
     for seed in 0..SEEDS {
         let mut rng = Rng::new(seed);
-        let spec = Spec::from_knobs(
+        let spec = Case::from_knobs(
             rng.size(1, 2),
             1,
             rng.size(1, 3),
@@ -564,10 +563,10 @@ fn every_convention_differentiates_its_own_forward() {
     let mut largest = 0.0f64;
     for seed in 0..12 {
         let mut rng = Rng::new(1000 + seed);
-        let spec = Spec::random(&mut rng);
+        let spec = Case::random(&mut rng);
         let p = Problem::random(spec, Offsets::AwayFromIntegers, &mut rng);
         for conv in Convention::ALL {
-            let params = spec.params().convention(conv);
+            let params = spec.params.convention(conv);
             let o = run(&p, conv);
             let loss = |offset: &Array4<f64>, input: &Array4<f64>| {
                 let out = reference::deform_conv2d(
@@ -622,7 +621,7 @@ fn every_convention_differentiates_its_own_forward() {
 #[test]
 fn golden_cases_under_explicit_conventions() {
     const TOL: f64 = 1e-10;
-    let cases = common::golden_cases();
+    let cases = support::golden_cases();
     assert!(cases.len() >= 50, "found {} golden cases", cases.len());
     for case in &cases {
         let input = case.get4("input");
@@ -650,7 +649,7 @@ fn golden_cases_under_explicit_conventions() {
             let p = case.params.convention(conv);
             let name = format!("{} ({conv:?})", case.name);
             let check = |tensor: &str, got: Array4<f64>| {
-                common::assert_rel_close(&name, tensor, &got.view(), &case.get4(tensor), TOL)
+                support::assert_rel_close(&name, tensor, &got.view(), &case.get4(tensor), TOL)
             };
             check(
                 "out",

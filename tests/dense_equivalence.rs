@@ -10,24 +10,24 @@ mod support;
 
 use deformconv::{reference, Padding};
 use ndarray::{Array1, Array4};
-use support::{Rng, Spec};
+use support::{Case, Rng};
 
 /// `out[n, o, y, x] = bias[o] + sum_{c', i, j} weight[o, c', i, j] * input[n, c, r, s]` with
 /// `c = (o / (C_out/groups)) * (C_in/groups) + c'`, `r = y*sh - pad_top + i*dh`,
 /// `s = x*sw - pad_left + j*dw`, and pixels outside the image reading 0.
 fn dense_conv(
-    spec: &Spec,
+    spec: &Case,
     input: &Array4<f64>,
     weight: &Array4<f64>,
     bias: Option<&Array1<f64>>,
 ) -> Array4<f64> {
     let [n_img, _, h, w] = spec.input_shape();
     let [c_out, cin_pg, kh, kw] = spec.weight_shape();
-    let p = spec.padding;
+    let p = spec.padding();
     // H_out = (H + top + bottom - (dh (kh - 1) + 1)) / sh + 1, written out again here.
-    let h_out = (h + p.top + p.bottom - spec.dilation.0 * (kh - 1) - 1) / spec.stride.0 + 1;
-    let w_out = (w + p.left + p.right - spec.dilation.1 * (kw - 1) - 1) / spec.stride.1 + 1;
-    let cout_pg = c_out / spec.groups;
+    let h_out = (h + p.top + p.bottom - spec.dilation().0 * (kh - 1) - 1) / spec.stride().0 + 1;
+    let w_out = (w + p.left + p.right - spec.dilation().1 * (kw - 1) - 1) / spec.stride().1 + 1;
+    let cout_pg = c_out / spec.groups();
     let mut out = Array4::zeros((n_img, c_out, h_out, w_out));
     for n in 0..n_img {
         for o in 0..c_out {
@@ -39,9 +39,9 @@ fn dense_conv(
                         let c = group * cin_pg + ci;
                         for i in 0..kh {
                             for j in 0..kw {
-                                let r = (y * spec.stride.0 + i * spec.dilation.0) as isize
+                                let r = (y * spec.stride().0 + i * spec.dilation().0) as isize
                                     - p.top as isize;
-                                let s = (x * spec.stride.1 + j * spec.dilation.1) as isize
+                                let s = (x * spec.stride().1 + j * spec.dilation().1) as isize
                                     - p.left as isize;
                                 if r >= 0 && s >= 0 && (r as usize) < h && (s as usize) < w {
                                     acc += weight[[o, ci, i, j]]
@@ -70,7 +70,7 @@ fn pad(top: usize, bottom: usize, left: usize, right: usize) -> Padding {
 /// Hand-picked configurations: each stride, dilation, padding shape (none, symmetric,
 /// asymmetric, one-sided) and grouping (plain, grouped, depthwise) at least once, square and
 /// non-square kernels, several offset groups (irrelevant with zero offsets, but validated).
-fn listed_specs() -> Vec<Spec> {
+fn listed_specs() -> Vec<Case> {
     type Row = (
         usize,
         usize,
@@ -103,7 +103,7 @@ fn listed_specs() -> Vec<Spec> {
         .enumerate()
         .map(
             |(k, &(g, cin, cout, og, kernel, stride, dil, padding, extra))| {
-                Spec::from_knobs(
+                Case::from_knobs(
                     1 + k % 2,
                     g,
                     cin,
@@ -120,10 +120,10 @@ fn listed_specs() -> Vec<Spec> {
         .collect()
 }
 
-fn all_specs() -> Vec<Spec> {
+fn all_specs() -> Vec<Case> {
     let mut rng = Rng::new(0xde75e);
     let mut specs = listed_specs();
-    specs.extend((0..60).map(|_| Spec::random(&mut rng)));
+    specs.extend((0..60).map(|_| Case::random(&mut rng)));
     specs
 }
 
@@ -133,10 +133,10 @@ fn zero_offsets_with_unit_or_no_mask_equal_dense_convolution() {
     for spec in all_specs() {
         let input = rng.int_array4(spec.input_shape(), -4, 4);
         let weight = rng.int_array4(spec.weight_shape(), -3, 3);
-        let bias = Array1::from_shape_simple_fn(spec.c_out(), || rng.int(-5, 5) as f64);
+        let bias = Array1::from_shape_simple_fn(spec.c_out, || rng.int(-5, 5) as f64);
         let offset = Array4::<f64>::zeros(spec.offset_shape());
         let ones = Array4::<f64>::ones(spec.mask_shape());
-        let p = spec.params();
+        let p = spec.params;
         for b in [None, Some(&bias)] {
             let want = dense_conv(&spec, &input, &weight, b);
             let bv = b.map(|b| b.view());
@@ -171,7 +171,7 @@ fn f32_operands_give_the_same_dense_result() {
         let want = dense_conv(&spec, &input, &weight, None);
         let (input32, weight32) = (input.mapv(|v| v as f32), weight.mapv(|v| v as f32));
         let offset32 = Array4::<f32>::zeros(spec.offset_shape());
-        let p = spec.params();
+        let p = spec.params;
         let deform = reference::deform_conv2d(
             input32.view(),
             offset32.view(),
@@ -198,10 +198,13 @@ fn uniform_integer_offsets_equal_shifted_dense_convolution() {
         for mut spec in all_specs() {
             // Shifting by (dy, dx) is padding (top - dy, left - dx) if those stay >= 0; keep
             // bottom/right adjusted so the output extent is unchanged.
-            let (top, left) = (spec.padding.top as i64 - dy, spec.padding.left as i64 - dx);
+            let (top, left) = (
+                spec.padding().top as i64 - dy,
+                spec.padding().left as i64 - dx,
+            );
             let (bottom, right) = (
-                spec.padding.bottom as i64 + dy,
-                spec.padding.right as i64 + dx,
+                spec.padding().bottom as i64 + dy,
+                spec.padding().right as i64 + dx,
             );
             if top < 0 || left < 0 || bottom < 0 || right < 0 {
                 continue;
@@ -218,10 +221,10 @@ fn uniform_integer_offsets_equal_shifted_dense_convolution() {
                 None,
                 weight.view(),
                 None,
-                &spec.params(),
+                &spec.params,
             )
             .unwrap();
-            spec.padding = pad(top as usize, bottom as usize, left as usize, right as usize);
+            spec.params.padding = pad(top as usize, bottom as usize, left as usize, right as usize);
             let want = dense_conv(&spec, &input, &weight, None);
             assert_eq!(got, want, "shift ({dy}, {dx}), shifted spec {spec:?}");
             checked += 1;

@@ -3,26 +3,26 @@
 //! differences of the fast f64 path, the combined backward equal to the separate functions bit
 //! for bit, dense conv2d backward, non-finite offsets and errors.
 
-mod common;
-mod fwd_support;
+mod support;
 
-use common::{assert_rel_close, golden_cases};
+use deformconv::compare::Output;
 use deformconv::{
     conv2d_backward, conv2d_grad_input, conv2d_grad_weight, deform_conv2d, deform_conv2d_backward,
     deform_conv2d_backward_into, deform_conv2d_grad_bias, deform_conv2d_grad_input,
     deform_conv2d_grad_input_into, deform_conv2d_grad_mask, deform_conv2d_grad_offset,
     deform_conv2d_grad_weight, reference, ConvParams, Convention, Float, Grads, GradsMut, Want,
 };
-use fwd_support::{border_offsets, cases, same_bits, to_f32, Case, Lcg, Tensors};
 use ndarray::{s, Array1, Array4, ArrayView4, Ix1};
 use proptest::prelude::*;
+use support::{assert_rel_close, golden_cases};
+use support::{border_offsets, cases, same_bits, to_f32, Bound, Case, Rng, Tensors};
 
 fn shape4(s: &[usize]) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
 }
 
 fn grad_out_for(case: &Case, seed: u64) -> Array4<f64> {
-    let mut r = Lcg(seed ^ 0x9e37_79b9);
+    let mut r = Rng::new(seed ^ 0x9e37_79b9);
     Array4::from_shape_fn(case.geometry().out_shape(), |_| r.value())
 }
 
@@ -110,94 +110,29 @@ fn all_and_separate<T: Float>(
     all
 }
 
-/// The magnitudes `sum |terms|` of each gradient element, as the reference formulas with every
-/// factor replaced by its absolute value and `Wy`, `Wx` by the sum of the four corner
-/// magnitudes (which bounds both). Returns `(input, offset, mask, weight)`.
-fn magnitudes(t: &Tensors, g_out: &Array4<f64>, p: &ConvParams) -> [Array4<f64>; 4] {
-    let a = |x: &Array4<f64>| x.mapv(f64::abs);
-    let (input, weight, go) = (a(&t.input), a(&t.weight), a(g_out));
-    let mask = t.mask.as_ref().map(a);
-    let mv = mask.as_ref().map(|m| m.view());
-    let shape = shape4(t.input.shape());
-    let ws = shape4(t.weight.shape());
-    let gi =
-        reference::grad_input(go.view(), t.offset.view(), mv, weight.view(), shape, p).unwrap();
-    let gm =
-        reference::grad_mask(go.view(), input.view(), t.offset.view(), weight.view(), p).unwrap();
-    let gw = reference::grad_weight(go.view(), input.view(), t.offset.view(), mv, ws, p).unwrap();
-    // Offsets: sum_c gabs * |m| * (|v00| + |v01| + |v10| + |v11|), corners of floor, no cut-off.
-    let g = case_geometry(t, p);
-    let mut goff = Array4::<f64>::zeros(g.offset_shape());
-    let k_taps = g.taps();
-    for n in 0..g.n {
-        for og in 0..g.offset_groups {
-            for k in 0..k_taps {
-                let (i, j) = (k / g.kw, k % g.kw);
-                let ch = og * k_taps + k;
-                for y in 0..g.h_out {
-                    for x in 0..g.w_out {
-                        let py = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64
-                            + t.offset[[n, 2 * ch, y, x]];
-                        let px = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64
-                            + t.offset[[n, 2 * ch + 1, y, x]];
-                        let m = mask.as_ref().map_or(1.0, |m| m[[n, ch, y, x]]);
-                        let (y0, x0) = (py.floor(), px.floor());
-                        let mut acc = 0.0;
-                        for c in og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group() {
-                            let grp = c / g.c_in_per_group();
-                            let ci = c % g.c_in_per_group();
-                            let gabs: f64 = (grp * g.c_out_per_group()
-                                ..(grp + 1) * g.c_out_per_group())
-                                .map(|o| weight[[o, ci, i, j]] * go[[n, o, y, x]])
-                                .sum();
-                            let mut vs = 0.0;
-                            for (r, s2) in [
-                                (y0, x0),
-                                (y0, x0 + 1.0),
-                                (y0 + 1.0, x0),
-                                (y0 + 1.0, x0 + 1.0),
-                            ] {
-                                if r >= 0.0 && r < g.h as f64 && s2 >= 0.0 && s2 < g.w as f64 {
-                                    vs += input[[n, c, r as usize, s2 as usize]];
-                                }
-                            }
-                            acc += gabs * m * vs;
-                        }
-                        goff[[n, 2 * ch, y, x]] = acc;
-                        goff[[n, 2 * ch + 1, y, x]] = acc;
-                    }
-                }
-            }
-        }
-    }
-    [gi, goff, gm, gw]
-}
-
-fn case_geometry(t: &Tensors, p: &ConvParams) -> deformconv::Geometry {
-    deformconv::Geometry::new(shape4(t.input.shape()), shape4(t.weight.shape()), p).unwrap()
-}
-
-/// `|fast - exact| <= 2 (L + 8) eps_f32 * sum|terms|` element by element, `L` the longest chain
-/// of additions behind one element (see the table in `f32_gradients_within_per_element_bound`).
-/// Returns the worst ratio of error to bound.
+/// The f32 gradients `(input, offset, mask, weight)` of `fast` within the published
+/// per-element bound ([`Bound`]) of the `exact` ones; returns the worst ratio of error to bound.
 fn check_f32(
-    name: &str,
-    fast: &Array4<f32>,
-    exact: &Array4<f64>,
-    mag: &Array4<f64>,
-    chain: usize,
+    label: &str,
+    t: &Tensors,
+    g_out: &Array4<f64>,
+    p: &ConvParams,
+    fast: &Grads<f32>,
+    exact: &[Array4<f64>; 4],
 ) -> f64 {
-    let eps = f32::EPSILON as f64 / 2.0;
+    let bound = Bound::new::<f32>(label, t, Some(g_out), p);
+    let outputs = [
+        Output::GradInput,
+        Output::GradOffset,
+        Output::GradMask,
+        Output::GradWeight,
+    ];
+    let fast = [&fast.input, &fast.offset, &fast.mask, &fast.weight];
     let mut worst = 0.0f64;
-    for ((idx, &f), (&e, &m)) in fast.indexed_iter().zip(exact.iter().zip(mag.iter())) {
-        let bound = 2.0 * (chain + 8) as f64 * eps * m + f64::MIN_POSITIVE;
-        let err = (f as f64 - e).abs();
-        assert!(
-            err <= bound,
-            "{name}{idx:?}: fast {f:e}, exact {e:e}, error {err:e} > bound {bound:e} (ratio {})",
-            err / bound
-        );
-        worst = worst.max(err / bound);
+    for ((&output, f), e) in outputs.iter().zip(fast).zip(exact) {
+        if let Some(f) = f {
+            worst = worst.max(bound.check(output, f.view(), e.view()));
+        }
     }
     worst
 }
@@ -225,23 +160,12 @@ proptest! {
     }
 
     /// f32 against the exact f64 gradients of the same (f32-representable) data, element by
-    /// element: `|fast - exact| <= 2 (L + 8) eps * sum|terms|` where `L` is the longest chain of
-    /// roundings behind the element:
-    ///
-    /// | gradient | L |
-    /// |---|---|
-    /// | input  | `C_out/groups` (column gradient) + `K H_out W_out` (contributions to a pixel) |
-    /// | offset | `C_out/groups` + `C_in/G_off` (channels of the group) |
-    /// | mask   | `C_out/groups` + `C_in/G_off` |
-    /// | weight | `N H_out W_out` (pixels summed) |
-    ///
-    /// and the `+ 8` covers the products and the bilinear weight / coordinate-derivative
-    /// arithmetic of one term.
+    /// element, within the published DESIGN §5 bound (`deformconv::compare`): `|fast - exact|
+    /// <= 4 eps (L * sum|terms| + P)`, `L` the accumulations behind the element.
     #[test]
     fn f32_gradients_within_per_element_bound(case in cases()) {
         let t = case.tensors();
         let p = &case.params;
-        let g = case.geometry();
         let g_out = grad_out_for(&case, case.seed);
         let mask32 = t.mask.as_ref().map(to_f32);
         let all = all_and_separate(
@@ -249,13 +173,7 @@ proptest! {
             mask32.as_ref().map(|m| m.view()), to_f32(&t.weight).view(), p,
         );
         let exact = reference_grads(&t, g_out.view(), p);
-        let mag = magnitudes(&t, &g_out, p);
-        let pix = g.out_pixels();
-        let (cog, cpo) = (g.c_out_per_group(), g.c_per_offset_group());
-        check_f32("grad_input", all.input.as_ref().unwrap(), &exact[0], &mag[0], cog + g.taps() * pix);
-        check_f32("grad_offset", all.offset.as_ref().unwrap(), &exact[1], &mag[1], cog + cpo);
-        check_f32("grad_mask", all.mask.as_ref().unwrap(), &exact[2], &mag[2], cog + cpo);
-        check_f32("grad_weight", all.weight.as_ref().unwrap(), &exact[3], &mag[3], g.n * pix);
+        check_f32(&format!("{case:?}"), &t, &g_out, p, &all, &exact);
     }
 
     /// Dense conv2d backward equals the reference gradients with zero offsets and no mask.
@@ -321,7 +239,6 @@ fn wide_channel_segments_in_f32_within_bound() {
             let mut t = case.tensors();
             t.offset = border_offsets(&case, case.seed);
             let p = &case.params;
-            let g = case.geometry();
             let g_out = grad_out_for(&case, case.seed);
             let mask32 = t.mask.as_ref().map(to_f32);
             let all = all_and_separate(
@@ -333,22 +250,7 @@ fn wide_channel_segments_in_f32_within_bound() {
                 p,
             );
             let exact = reference_grads(&t, g_out.view(), p);
-            let mag = magnitudes(&t, &g_out, p);
-            let pix = g.out_pixels();
-            let (cog, cpo) = (g.c_out_per_group(), g.c_per_offset_group());
-            let fast = [&all.input, &all.offset, &all.mask, &all.weight];
-            let chains = [cog + g.taps() * pix, cog + cpo, cog + cpo, g.n * pix];
-            let names = ["grad_input", "grad_offset", "grad_mask", "grad_weight"];
-            for (((f, e), m), (chain, name)) in fast
-                .iter()
-                .zip(&exact)
-                .zip(&mag)
-                .zip(chains.iter().zip(names))
-            {
-                if let Some(f) = f {
-                    check_f32(&format!("{name} {c_in}ch {conv:?}"), f, e, m, *chain);
-                }
-            }
+            check_f32(&format!("{c_in}ch {conv:?}"), &t, &g_out, p, &all, &exact);
         }
     }
 }
@@ -375,7 +277,7 @@ fn multi_tile_images_and_packed_images_match_reference() {
         h: 4,
         w: 5,
         seed: 12,
-        ..big.clone()
+        ..big
     };
     for case in [big, packed] {
         let t = case.tensors();
@@ -485,11 +387,11 @@ fn finite_differences_of_the_fast_path() {
     for (ci, (p, n, c_in, c_out, (h, w), (kh, kw), with_mask)) in configs.into_iter().enumerate() {
         let g = deformconv::Geometry::new([n, c_in, h, w], [c_out, c_in / p.groups, kh, kw], &p)
             .unwrap();
-        let mut r = Lcg(1000 + ci as u64);
+        let mut r = Rng::new(1000 + ci as u64);
         let mut input = Array4::from_shape_fn(g.input_shape(), |_| r.value());
         let mut offset = Array4::from_shape_fn(g.offset_shape(), |_| {
-            let whole = (5.0 * r.next_unit()).floor() - 2.0;
-            whole + 0.2 + 0.6 * r.next_unit()
+            let whole = (5.0 * r.unit()).floor() - 2.0;
+            whole + 0.2 + 0.6 * r.unit()
         });
         let mut mask =
             with_mask.then(|| Array4::from_shape_fn(g.mask_shape(), |_| r.value() * 1.5));
@@ -522,8 +424,7 @@ fn finite_differences_of_the_fast_path() {
             (analytic - numeric).abs() <= 1e-6 * (1.0 + analytic.abs())
         };
         for trial in 0..12 {
-            let pick =
-                |len: usize, r: &mut Lcg| ((r.next_unit() * len as f64) as usize).min(len - 1);
+            let pick = |len: usize, r: &mut Rng| ((r.unit() * len as f64) as usize).min(len - 1);
             // Input.
             let idx = pick(input.len(), &mut r);
             let (a, num) = {

@@ -1,30 +1,30 @@
 //! The fast backward under each sampling convention ([`Convention`]): every gradient (input,
 //! offset, mask, weight; combined and separate) against the f64 reference on random problems
 //! whose samples sit exactly on and around the image borders and on integer positions (f64
-//! within 1e-12 of each tensor's largest magnitude, f32 within the per-element bound of
-//! `tests/fast_backward.rs`), a hand-worked case per convention, far and NaN offsets, bitwise
+//! within 1e-12 of each tensor's largest magnitude, f32 within the published per-element
+//! bound of `deformconv::compare`), a hand-worked case per convention, far and NaN offsets, bitwise
 //! thread-count independence for mmcv and DCN v1, and the dense backward (which no convention
 //! changes).
 
-mod common;
-mod fwd_support;
+mod support;
 
-use common::assert_rel_close;
+use deformconv::compare::Output;
 use deformconv::{
     conv2d_backward, deform_conv2d_backward, deform_conv2d_grad_bias, deform_conv2d_grad_input,
     deform_conv2d_grad_mask, deform_conv2d_grad_offset, deform_conv2d_grad_weight, reference,
     ConvParams, Convention, Float, Grads, Want,
 };
-use fwd_support::{border_offsets, cases, to_f32, Case, Lcg, Tensors};
 use ndarray::{Array4, ArrayView4};
 use proptest::prelude::*;
+use support::assert_rel_close;
+use support::{border_offsets, cases, to_f32, Bound, Case, Rng, Tensors};
 
 fn shape4(s: &[usize]) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
 }
 
 fn grad_out_for(case: &Case, seed: u64) -> Array4<f64> {
-    let mut r = Lcg(seed ^ 0x5eed_0ff5_e7b0_4de2);
+    let mut r = Rng::new(seed ^ 0x5eed_0ff5_e7b0_4de2);
     Array4::from_shape_fn(case.geometry().out_shape(), |_| r.value())
 }
 
@@ -33,15 +33,15 @@ fn grad_out_for(case: &Case, seed: u64) -> Array4<f64> {
 fn border_problem(case: &Case, conv: Convention) -> (Case, Tensors, Array4<f64>) {
     let case = Case {
         params: case.params.convention(conv),
-        ..case.clone()
+        ..*case
     };
     let mut t = case.tensors();
     t.offset = border_offsets(&case, case.seed);
-    let mut r = Lcg(case.seed ^ 0xfa12);
+    let mut r = Rng::new(case.seed ^ 0xfa12);
     let far = [5e6, -5e6, 1e30, f64::INFINITY, f64::NEG_INFINITY];
     for v in t.offset.iter_mut() {
-        if r.next_unit() < 0.03 {
-            *v = far[(r.next_unit() * far.len() as f64) as usize % far.len()];
+        if r.unit() < 0.03 {
+            *v = far[(r.unit() * far.len() as f64) as usize % far.len()];
         }
     }
     let g_out = grad_out_for(&case, case.seed);
@@ -99,104 +99,6 @@ fn reference_grads(t: &Tensors, g_out: ArrayView4<'_, f64>, p: &ConvParams) -> [
     ]
 }
 
-/// The corners `(row, col)` whose values `Wy`, `Wx` combine under `conv` at `(py, px)`, with
-/// repeats for DCN v1's collapsed corners; none where the convention cuts the offset gradient
-/// off (written from the rules of [`Convention`], independently of the reference's code).
-fn derivative_corners(conv: Convention, h: usize, w: usize, py: f64, px: f64) -> Vec<(f64, f64)> {
-    let (hf, wf) = (h as f64, w as f64);
-    let floor_corners =
-        |y0: f64, y1: f64, x0: f64, x1: f64| vec![(y0, x0), (y0, x1), (y1, x0), (y1, x1)];
-    let (y0, x0) = (py.floor(), px.floor());
-    match conv {
-        Convention::Torchvision if py.is_finite() && px.is_finite() => {
-            floor_corners(y0, y0 + 1.0, x0, x0 + 1.0)
-        }
-        Convention::Mmcv if py > -1.0 && py < hf && px > -1.0 && px < wf => {
-            floor_corners(y0, y0 + 1.0, x0, x0 + 1.0)
-        }
-        Convention::DcnV1 if py >= 0.0 && py < hf && px >= 0.0 && px < wf => {
-            let y1 = (y0 + 1.0).min(hf - 1.0);
-            let x1 = (x0 + 1.0).min(wf - 1.0);
-            floor_corners(y0, y1, x0, x1)
-        }
-        _ => Vec::new(),
-    }
-}
-
-/// `sum |terms|` of each gradient element `(input, offset, mask, weight)`: the reference run on
-/// absolute values (the bilinear weights are non-negative in every convention), and for the
-/// offsets `sum_c |gcol| |m| (sum of |v| over the convention's derivative corners)`, which
-/// bounds `|gcol m Wy|` and `|gcol m Wx|`.
-fn magnitudes(t: &Tensors, g_out: &Array4<f64>, p: &ConvParams) -> [Array4<f64>; 4] {
-    let a = |x: &Array4<f64>| x.mapv(f64::abs);
-    let (input, weight, go) = (a(&t.input), a(&t.weight), a(g_out));
-    let mask = t.mask.as_ref().map(a);
-    let abs = Tensors {
-        input: input.clone(),
-        offset: t.offset.clone(),
-        mask: mask.clone(),
-        weight: weight.clone(),
-        bias: None,
-    };
-    let [gi, _, gm, gw] = reference_grads(&abs, go.view(), p);
-    let g =
-        deformconv::Geometry::new(shape4(t.input.shape()), shape4(t.weight.shape()), p).unwrap();
-    let mut goff = Array4::<f64>::zeros(g.offset_shape());
-    let k_taps = g.taps();
-    for n in 0..g.n {
-        for og in 0..g.offset_groups {
-            for k in 0..k_taps {
-                let (i, j) = (k / g.kw, k % g.kw);
-                let ch = og * k_taps + k;
-                for y in 0..g.h_out {
-                    for x in 0..g.w_out {
-                        let py = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64
-                            + t.offset[[n, 2 * ch, y, x]];
-                        let px = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64
-                            + t.offset[[n, 2 * ch + 1, y, x]];
-                        let m = mask.as_ref().map_or(1.0, |m| m[[n, ch, y, x]]);
-                        let corners = derivative_corners(p.convention, g.h, g.w, py, px);
-                        let mut acc = 0.0;
-                        for c in og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group() {
-                            let grp = c / g.c_in_per_group();
-                            let ci = c % g.c_in_per_group();
-                            let gabs: f64 = (grp * g.c_out_per_group()
-                                ..(grp + 1) * g.c_out_per_group())
-                                .map(|o| weight[[o, ci, i, j]] * go[[n, o, y, x]])
-                                .sum();
-                            let vs: f64 = corners
-                                .iter()
-                                .filter(|&&(r, s)| {
-                                    r >= 0.0 && r < g.h as f64 && s >= 0.0 && s < g.w as f64
-                                })
-                                .map(|&(r, s)| input[[n, c, r as usize, s as usize]])
-                                .sum();
-                            acc += gabs * m * vs;
-                        }
-                        goff[[n, 2 * ch, y, x]] = acc;
-                        goff[[n, 2 * ch + 1, y, x]] = acc;
-                    }
-                }
-            }
-        }
-    }
-    [gi, goff, gm, gw]
-}
-
-/// `|fast - exact| <= 2 (L + 8) eps_f32 * sum|terms|` element by element (the bound of
-/// `tests/fast_backward.rs`, `L` the longest chain of additions behind one element).
-fn check_f32(name: &str, fast: &Array4<f32>, exact: &Array4<f64>, mag: &Array4<f64>, chain: usize) {
-    let eps = f32::EPSILON as f64 / 2.0;
-    for ((idx, &f), (&e, &m)) in fast.indexed_iter().zip(exact.iter().zip(mag.iter())) {
-        let bound = 2.0 * (chain + 8) as f64 * eps * m + f64::MIN_POSITIVE;
-        let err = (f as f64 - e).abs();
-        assert!(
-            err <= bound,
-            "{name}{idx:?}: fast {f:e}, exact {e:e}, error {err:e} > bound {bound:e}"
-        );
-    }
-}
-
 /// Every fast gradient of one border problem under `conv` against the reference, in f64 and
 /// f32, the combined backward bitwise equal to the separate functions in both.
 fn check_convention(case: &Case, conv: Convention) {
@@ -228,13 +130,16 @@ fn check_convention(case: &Case, conv: Convention) {
         to_f32(&t.weight).view(),
         p,
     );
+    let bound = Bound::new::<f32>(format!("{case:?}"), &t, Some(&g_out), p);
+    let outputs = [
+        Output::GradInput,
+        Output::GradOffset,
+        Output::GradMask,
+        Output::GradWeight,
+    ];
     let fast = [all.input, all.offset, all.mask, all.weight].map(Option::unwrap);
-    let mag = magnitudes(&t, &g_out, p);
-    let g = case.geometry();
-    let (pix, cog, cpo) = (g.out_pixels(), g.c_out_per_group(), g.c_per_offset_group());
-    let chains = [cog + g.taps() * pix, cog + cpo, cog + cpo, g.n * pix];
-    for i in 0..4 {
-        check_f32(names[i], &fast[i], &exact[i], &mag[i], chains[i]);
+    for ((&output, f), e) in outputs.iter().zip(&fast).zip(&exact) {
+        bound.check(output, f.view(), e.view());
     }
 }
 
@@ -570,7 +475,7 @@ fn empty_images_with_padding_in_every_convention() {
         for conv in Convention::ALL {
             let p = ConvParams::default().padding(1, 1).convention(conv);
             let g = deformconv::Geometry::new([2, 2, h, w], [3, 2, 1, 1], &p).unwrap();
-            let mut r = Lcg(h as u64 * 10 + w as u64);
+            let mut r = Rng::new(h as u64 * 10 + w as u64);
             let input = Array4::<f64>::zeros(g.input_shape());
             let offset = Array4::from_shape_fn(g.offset_shape(), |_| r.value());
             let weight = Array4::from_shape_fn(g.weight_shape(), |_| r.value());

@@ -2,11 +2,11 @@
 //! on problems that exercise every part of the partition: images split into several pixel tiles,
 //! many small images packed per tile, several slots, offset groups spanning conv groups.
 
-mod fwd_support;
+mod support;
 
 use deformconv::{conv2d_backward, deform_conv2d_backward, ConvParams, Float, Grads, Want};
-use fwd_support::{to_f32, Case, Lcg};
 use ndarray::Array4;
+use support::{to_f32, Case, Rng};
 
 fn problems() -> Vec<Case> {
     let base = Case {
@@ -24,14 +24,14 @@ fn problems() -> Vec<Case> {
     };
     vec![
         // 576 pixels per image: two tiles per image, two slots.
-        base.clone(),
+        base,
         // 25 pixels per image: up to twenty images per tile, two groups.
         Case {
             n: 37,
             h: 5,
             w: 5,
             seed: 2,
-            ..base.clone()
+            ..base
         },
         // Offset groups cutting across conv groups (segments), strided, no mask.
         Case {
@@ -93,7 +93,7 @@ fn bitwise_identical_for_1_2_3_and_8_threads() {
     for case in problems() {
         let t = case.tensors();
         let p = case.params;
-        let mut r = Lcg(case.seed + 100);
+        let mut r = Rng::new(case.seed + 100);
         let g_out = Array4::from_shape_fn(case.geometry().out_shape(), |_| r.value());
         let run64 = || {
             let mask = t.mask.as_ref().map(|m| m.view());

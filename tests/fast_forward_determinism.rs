@@ -1,11 +1,11 @@
 //! Bitwise determinism of the fast forward path: the same bits for rayon pools of 1, 2, 3 and
 //! 8 threads, and for an image computed alone or inside batches of 2, 7 and 64.
 
-mod fwd_support;
+mod support;
 
 use deformconv::{conv2d, deform_conv2d, ConvParams, Convention, Float};
-use fwd_support::{same_bits, Case};
 use ndarray::{s, Array4};
+use support::{same_bits, Case};
 
 /// Large enough that each image splits into several tiles (576 column rows x 1024 pixels).
 fn multi_tile_case(n: usize) -> Case {

@@ -15,7 +15,7 @@ mod support;
 
 use deformconv::reference;
 use ndarray::Array4;
-use support::{dot, dot_abs, Offsets, Problem, Rng, Spec};
+use support::{dot, dot_abs, Case, Offsets, Problem, Rng};
 
 const SEEDS: u64 = 24;
 const H: f64 = 1e-6;
@@ -84,7 +84,7 @@ fn for_each_problem(both_masks: bool, mut check: impl FnMut(&mut Problem, bool, 
     let mut largest = 0.0f64;
     for seed in 0..SEEDS {
         let mut rng = Rng::new(seed);
-        let spec = Spec::random(&mut rng);
+        let spec = Case::random(&mut rng);
         let mut p = Problem::random(spec, Offsets::AwayFromIntegers, &mut rng);
         for mask in [true, false] {
             if mask || both_masks {
@@ -107,7 +107,7 @@ fn grad_input_matches_central_differences() {
             mask.then(|| p.mask.view()),
             p.weight.view(),
             p.spec.input_shape(),
-            &p.spec.params(),
+            &p.spec.params,
         )
         .unwrap();
         let what = format!("seed {seed} mask {mask}: grad_input");
@@ -124,7 +124,7 @@ fn grad_offset_matches_central_differences() {
             p.offset.view(),
             mask.then(|| p.mask.view()),
             p.weight.view(),
-            &p.spec.params(),
+            &p.spec.params,
         )
         .unwrap();
         let what = format!("seed {seed} mask {mask}: grad_offset");
@@ -140,7 +140,7 @@ fn grad_mask_matches_central_differences() {
             p.input.view(),
             p.offset.view(),
             p.weight.view(),
-            &p.spec.params(),
+            &p.spec.params,
         )
         .unwrap();
         let what = format!("seed {seed}: grad_mask");
@@ -157,7 +157,7 @@ fn grad_weight_matches_central_differences() {
             p.offset.view(),
             mask.then(|| p.mask.view()),
             p.spec.weight_shape(),
-            &p.spec.params(),
+            &p.spec.params,
         )
         .unwrap();
         let what = format!("seed {seed} mask {mask}: grad_weight");
@@ -198,7 +198,7 @@ fn problems_cover_samples_partly_and_fully_outside() {
     let (mut inside, mut partly, mut outside) = (0, 0, 0);
     for seed in 0..SEEDS {
         let mut rng = Rng::new(seed);
-        let spec = Spec::random(&mut rng);
+        let spec = Case::random(&mut rng);
         let p = Problem::random(spec, Offsets::AwayFromIntegers, &mut rng);
         let (h, w) = (spec.h as f64, spec.w as f64);
         for (py, px) in p.sample_positions() {

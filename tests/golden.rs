@@ -1,9 +1,9 @@
-//! Every torchvision float64 golden case in `../shared/golden/` against the reference oracle.
+//! Every torchvision float64 golden case in `tests/data/golden/` against the reference oracle.
 
-mod common;
+mod support;
 
-use common::{assert_rel_close, golden_cases};
 use deformconv::reference;
+use support::{assert_rel_close, golden_cases};
 
 const TOL: f64 = 1e-10;
 

@@ -11,7 +11,7 @@
 //!   output is NaN where the reference is, the same infinity where the reference has one, and
 //!   within rounding of the reference where it is finite.
 
-mod fwd_support;
+mod support;
 
 use deformconv::{
     conv2d, conv2d_backward, conv2d_backward_into, conv2d_grad_input, conv2d_grad_input_into,
@@ -22,10 +22,10 @@ use deformconv::{
     deform_conv2d_grad_offset_into, deform_conv2d_grad_weight, deform_conv2d_grad_weight_into,
     deform_conv2d_into, reference, ConvParams, Error, Float, Geometry, Grads, GradsMut, Want,
 };
-use fwd_support::{cases, Case, Lcg};
 use ndarray::{Array1, Array4, ArrayView1, ArrayView4};
 use proptest::prelude::*;
 use rayon::prelude::*;
+use support::{cases, Case, Rng};
 
 fn shape4(s: &[usize]) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
@@ -44,7 +44,7 @@ struct Ops<T> {
 impl<T: Float> Ops<T> {
     fn random(input: [usize; 4], weight: [usize; 4], p: &ConvParams, seed: u64) -> Self {
         let g = Geometry::new(input, weight, p).unwrap();
-        let mut r = Lcg(seed);
+        let mut r = Rng::new(seed);
         let mut a = |s: [usize; 4], scale: f64| {
             Array4::from_shape_simple_fn(s, || T::from_f64(scale * r.value()))
         };
@@ -67,7 +67,7 @@ impl<T: Float> Ops<T> {
     fn from_case(case: &Case) -> Self {
         let t = case.tensors();
         let g = case.geometry();
-        let mut r = Lcg(case.seed ^ 0x77);
+        let mut r = Rng::new(case.seed ^ 0x77);
         let cv = |a: &Array4<f64>| a.mapv(T::from_f64);
         Ops {
             input: cv(&t.input),
@@ -726,10 +726,10 @@ fn has_infinity(o: &Ops<f64>) -> bool {
 /// while the fast path keeps the fraction exact, so a tiny offset is a different sample
 /// position for the two (reported; see `docs/hostile-inputs.md`).
 fn sprinkle(o: &mut Ops<f64>, specials: &[f64], seed: u64) {
-    let mut r = Lcg(seed);
+    let mut r = Rng::new(seed);
     let mut pick = |v: &mut f64, offsets: bool| {
-        if r.next_unit() < 0.2 {
-            let s = specials[(r.next_unit() * specials.len() as f64) as usize % specials.len()];
+        if r.unit() < 0.2 {
+            let s = specials[(r.unit() * specials.len() as f64) as usize % specials.len()];
             if !offsets || s == 0.0 || !s.is_finite() || s.abs() >= 1.0 {
                 *v = s;
             }
@@ -956,10 +956,10 @@ fn offsets_on_and_next_to_the_window_edges() {
         1.0 - t,
         -t,
     ];
-    let mut r = Lcg(3);
+    let mut r = Rng::new(3);
     o.offset
         .iter_mut()
-        .for_each(|v| *v = edges[(r.next_unit() * edges.len() as f64) as usize % edges.len()]);
+        .for_each(|v| *v = edges[(r.unit() * edges.len() as f64) as usize % edges.len()]);
     let e = everything(&o, &p);
     let want = exact(&o, &p);
     let scale = magnitudes(&o, &p);

@@ -5,7 +5,7 @@
 //!
 //! Views are carved out of storage prefilled with NaN, so reading a wrong element shows up.
 
-mod fwd_support;
+mod support;
 
 use deformconv::{
     conv2d, conv2d_backward, conv2d_backward_into, conv2d_grad_input, conv2d_grad_input_into,
@@ -16,9 +16,9 @@ use deformconv::{
     deform_conv2d_grad_offset_into, deform_conv2d_grad_weight, deform_conv2d_grad_weight_into,
     deform_conv2d_into, ConvParams, Float, GradsMut, Padding, Want,
 };
-use fwd_support::{cases, Case, Lcg};
 use ndarray::{Array1, Array4, ArrayView1, ArrayView4, ArrayViewMut1, ArrayViewMut4, Axis, Slice};
 use proptest::prelude::*;
+use support::{cases, Case, Rng};
 
 /// Storage orders: which logical axis each storage axis holds (slowest first).
 const PERMS: [[usize; 4]; 5] = [
@@ -254,7 +254,7 @@ fn check<T: Float>(case: &Case, l: &Layouts) {
     let cv = |a: &Array4<f64>| a.mapv(T::from_f64);
     let (input, offset, weight) = (cv(&t.input), cv(&t.offset), cv(&t.weight));
     let g = case.geometry();
-    let mut r = Lcg(case.seed ^ 0xabcd);
+    let mut r = Rng::new(case.seed ^ 0xabcd);
     let grad_out = Array4::from_shape_fn(g.out_shape(), |_| T::from_f64(r.value()));
     // A mask always exists for the odd views; `case.mask` decides whether it is passed.
     let mask = t

@@ -6,7 +6,7 @@
 //! with its layout (hand-written loops from its documented formula) equals our reference on
 //! the converted tensors.
 
-mod common;
+mod support;
 
 use deformconv::layout::{
     from_oihw, load_weight, nchw_to_nhwc, nhwc_to_nchw, oihw_shape, to_oihw, Flip, WeightLayout,
@@ -738,7 +738,7 @@ fn conv_with_adapted_offsets_equals_reference_for_every_layout() {
             &params,
         )
         .unwrap();
-        common::assert_rel_close(
+        support::assert_rel_close(
             &format!("{layout:?}"),
             "output",
             &got.view(),
@@ -777,7 +777,7 @@ fn conv_with_adapted_offsets_equals_reference_for_every_layout() {
             &params,
         )
         .unwrap();
-        common::assert_rel_close(
+        support::assert_rel_close(
             &format!("{layout:?}"),
             "output",
             &got.view(),

@@ -5,14 +5,13 @@
 //! The NHWC tensors and the weights in each layout are built here by index formulas, not by the
 //! crate's conversions.
 
-mod common;
-mod fwd_support;
+mod support;
 
 use deformconv::layout::WeightLayout;
 use deformconv::{nhwc, reference, ConvParams, Error, Float, Grads, Want};
-use fwd_support::{cases, Case, Lcg, Tensors};
 use ndarray::{Array1, Array4, ArrayView4};
 use proptest::prelude::*;
+use support::{cases, Case, Rng, Tensors};
 
 const LAYOUTS: [WeightLayout; 4] = [
     WeightLayout::Oihw,
@@ -89,7 +88,7 @@ struct Ops<T> {
 fn ops<T: Float>(case: &Case) -> Ops<T> {
     let t: Tensors = case.tensors();
     let c = |a: &Array4<f64>| a.mapv(T::from_f64);
-    let mut r = Lcg(case.seed ^ 0x5eed);
+    let mut r = Rng::new(case.seed ^ 0x5eed);
     let grad_out = Array4::from_shape_fn(case.geometry().out_shape(), |_| r.value());
     Ops {
         input: c(&t.input),
@@ -222,7 +221,7 @@ proptest! {
         let bias = o.bias.as_ref().map(|b| b.view());
         let name = format!("{case:?} {layout:?}");
         let close = |t: &str, got: &Array4<f64>, want: &Array4<f64>| {
-            common::assert_rel_close(&name, t, &got.view(), &want.view(), 1e-12)
+            support::assert_rel_close(&name, t, &got.view(), &want.view(), 1e-12)
         };
 
         let got = nhwc::deform_conv2d(input.view(), offset.view(), hm, weight.view(), layout, bias, p).unwrap();
@@ -245,7 +244,7 @@ proptest! {
         close("grad_weight", &weight_from(layout, g.weight.as_ref().unwrap(), ws),
             &reference::grad_weight(gv, o.input.view(), o.offset.view(), nm, ws, p).unwrap());
         let gb = reference::grad_bias(gv).unwrap();
-        common::assert_rel_close(&name, "grad_bias", &g.bias.as_ref().unwrap().view(), &gb.view(), 1e-12);
+        support::assert_rel_close(&name, "grad_bias", &g.bias.as_ref().unwrap().view(), &gb.view(), 1e-12);
     }
 }
 
@@ -282,7 +281,7 @@ fn nhwc_offsets_hold_torchvision_channels_in_the_last_axis() {
     let k_taps = kh * kw;
     let h_out = (h + 2 * pad.0 - dil.0 * (kh - 1) - 1) / stride.0 + 1;
     let w_out = (w + 2 * pad.1 - dil.1 * (kw - 1) - 1) / stride.1 + 1;
-    let mut r = Lcg(99);
+    let mut r = Rng::new(99);
     let input = Array4::from_shape_simple_fn((n, h, w, c_in), || r.value());
     let filters = Array4::from_shape_simple_fn((kh, kw, c_in / groups, c_out), || r.value());
     let offset =
@@ -324,7 +323,7 @@ fn nhwc_offsets_hold_torchvision_channels_in_the_last_axis() {
         &params,
     )
     .unwrap();
-    common::assert_rel_close("hand loop", "out", &got.view(), &want.view(), 1e-12);
+    support::assert_rel_close("hand loop", "out", &got.view(), &want.view(), 1e-12);
 }
 
 /// Errors name the weight axis where the caller's layout has it; activation errors name the

@@ -5,10 +5,10 @@ mod support;
 
 use deformconv::reference;
 use ndarray::Array4;
-use support::{Offsets, Problem, Rng, Spec};
+use support::{Case, Offsets, Problem, Rng};
 
 fn all_gradients(p: &Problem) -> [Array4<f64>; 4] {
-    let prm = p.spec.params();
+    let prm = p.spec.params;
     let m = Some(p.mask.view());
     [
         reference::grad_input(
@@ -64,7 +64,7 @@ fn non_finite_operands_never_panic() {
     ];
     for seed in 0..40 {
         let mut rng = Rng::new(seed);
-        let spec = Spec::random(&mut rng);
+        let spec = Case::random(&mut rng);
         let mut p = Problem::random(spec, Offsets::Mixed, &mut rng);
         for a in [
             &mut p.input,
@@ -89,7 +89,7 @@ fn non_finite_operands_never_panic() {
 /// One tap of one output pixel gets offset `(dy, dx)`; the problem is otherwise finite.
 fn with_one_offset(dy: f64, dx: f64) -> (Problem, Problem) {
     let mut rng = Rng::new(7);
-    let spec = Spec::from_knobs(
+    let spec = Case::from_knobs(
         1,
         1,
         2,

@@ -16,7 +16,7 @@ use deformconv::reference;
 use ndarray::{Array1, Array4, Zip};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
-use support::{dot, dot_abs, Offsets, Problem, Rng, Spec};
+use support::{dot, dot_abs, Case, Offsets, Problem, Rng};
 
 const EPS: f64 = f64::EPSILON;
 
@@ -41,21 +41,21 @@ prop_compose! {
         dilation in (1usize..=2, 1usize..=2),
         (top, bottom, left, right) in (0usize..=2, 0usize..=2, 0usize..=2, 0usize..=2),
         extra in (0usize..=3, 0usize..=3),
-    ) -> Spec {
+    ) -> Case {
         let padding = deformconv::Padding { top, bottom, left, right };
-        Spec::from_knobs(n, groups, cin_per_group, cout_per_group, og_pick, kernel, stride,
+        Case::from_knobs(n, groups, cin_per_group, cout_per_group, og_pick, kernel, stride,
                          dilation, padding, extra)
     }
 }
 
 /// Terms of one output element: `C_in/groups * K` products, each a 4-corner bilinear sum.
-fn terms_per_output(s: &Spec) -> f64 {
-    (s.cin_per_group * s.taps() * 4 + 1) as f64
+fn terms_per_output(s: &Case) -> f64 {
+    (s.cin_per_group() * s.taps() * 4 + 1) as f64
 }
 
 /// Every term of `<grad_out, forward>` (and of each gradient's contraction) plus the lengths
 /// of the final dot products: the `n` of the `gamma_n` bound for the adjoint identities.
-fn terms_total(s: &Spec) -> f64 {
+fn terms_total(s: &Case) -> f64 {
     let outputs = s.out_shape().iter().product::<usize>() as f64;
     let operand: usize = [s.input_shape(), s.weight_shape(), s.mask_shape()]
         .iter()
@@ -107,7 +107,7 @@ fn grad_input(p: &Problem, mask: bool) -> Array4<f64> {
         mask.then(|| p.mask.view()),
         p.weight.view(),
         p.spec.input_shape(),
-        &p.spec.params(),
+        &p.spec.params,
     )
     .unwrap()
 }
@@ -119,7 +119,7 @@ fn grad_offset(p: &Problem, mask: bool) -> Array4<f64> {
         p.offset.view(),
         mask.then(|| p.mask.view()),
         p.weight.view(),
-        &p.spec.params(),
+        &p.spec.params,
     )
     .unwrap()
 }
@@ -130,7 +130,7 @@ fn grad_mask(p: &Problem) -> Array4<f64> {
         p.input.view(),
         p.offset.view(),
         p.weight.view(),
-        &p.spec.params(),
+        &p.spec.params,
     )
     .unwrap()
 }
@@ -142,7 +142,7 @@ fn grad_weight(p: &Problem, mask: bool) -> Array4<f64> {
         p.offset.view(),
         mask.then(|| p.mask.view()),
         p.spec.weight_shape(),
-        &p.spec.params(),
+        &p.spec.params,
     )
     .unwrap()
 }
@@ -274,7 +274,7 @@ proptest! {
         let wide = |a: &Array4<f32>| a.mapv(f64::from);
         let (xw, ow, mw, ww, gw) = (wide(&x), wide(&o), wide(&m), wide(&w), wide(&g));
         let bw = b.mapv(f64::from);
-        let prm = spec.params();
+        let prm = spec.params;
         prop_assert_eq!(
             reference::deform_conv2d(x.view(), o.view(), Some(m.view()), w.view(), Some(b.view()), &prm).unwrap(),
             reference::deform_conv2d(xw.view(), ow.view(), Some(mw.view()), ww.view(), Some(bw.view()), &prm).unwrap()

@@ -1,5 +1,5 @@
-//! Helpers shared by the integration tests: golden-case loading and comparisons.
-#![allow(dead_code)]
+//! Golden cases (torchvision float64 results, `tests/data/golden/`) and the relative
+//! comparison the f64 paths are held to.
 
 use std::collections::BTreeMap;
 use std::fs::File;
