@@ -402,12 +402,15 @@ impl Prepared {
         let row_len = g.c_in * g.taps();
         let group_len = g.c_in_per_group() * g.taps();
         let mut gcol = vec![-0.0; pixels.len() * row_len];
-        for (row, p) in gcol.chunks_exact_mut(row_len.max(1)).zip(pixels) {
-            for grp in 0..g.groups {
-                let acc = &mut row[grp * group_len..(grp + 1) * group_len];
-                for o in grp * g.c_out_per_group()..(grp + 1) * g.c_out_per_group() {
-                    let go = self.grad_out_plane(n, o)[p];
-                    for (a, &w) in acc.iter_mut().zip(self.weight_row(o)) {
+        // o outermost so that each weight row serves every pixel of the run; each sum still
+        // adds its terms in increasing o.
+        for grp in 0..g.groups {
+            for o in grp * g.c_out_per_group()..(grp + 1) * g.c_out_per_group() {
+                let (wrow, plane) = (self.weight_row(o), self.grad_out_plane(n, o));
+                for (row, p) in gcol.chunks_exact_mut(row_len.max(1)).zip(pixels.clone()) {
+                    let go = plane[p];
+                    let acc = &mut row[grp * group_len..(grp + 1) * group_len];
+                    for (a, &w) in acc.iter_mut().zip(wrow) {
                         *a += w * go;
                     }
                 }
@@ -532,16 +535,17 @@ pub fn deform_conv2d<T: Float>(
             let cols = pr.columns(*n, pixels.clone(), 0..g.c_in);
             let mut res = vec![0.0; pixels.len() * g.c_out];
             let row_len = g.c_in * kk;
-            for (p, outs) in res.chunks_exact_mut(g.c_out.max(1)).enumerate() {
-                let row = &cols[p * row_len..(p + 1) * row_len];
-                for grp in 0..g.groups {
-                    let acc = &mut outs[grp * cog..(grp + 1) * cog];
-                    for (ol, a) in acc.iter_mut().enumerate() {
-                        *a = bias.as_ref().map_or(0.0, |b| b[grp * cog + ol]);
-                    }
-                    for e in 0..cig * kk {
-                        let col = row[grp * cig * kk + e];
-                        let ws = &by_column[(grp * cig * kk + e) * cog..][..cog];
+            for (ol, a) in res.iter_mut().enumerate() {
+                *a = bias.as_ref().map_or(0.0, |b| b[ol % g.c_out.max(1)]);
+            }
+            // Term e outermost so that each weight column serves every pixel of the run; each
+            // sum still adds its terms in increasing e = c' * K + k after the bias.
+            for grp in 0..g.groups {
+                for e in 0..cig * kk {
+                    let ws = &by_column[(grp * cig * kk + e) * cog..][..cog];
+                    for (p, outs) in res.chunks_exact_mut(g.c_out.max(1)).enumerate() {
+                        let col = cols[p * row_len + grp * cig * kk + e];
+                        let acc = &mut outs[grp * cog..(grp + 1) * cog];
                         for (a, &w) in acc.iter_mut().zip(ws) {
                             *a += w * col;
                         }
@@ -645,16 +649,19 @@ pub fn grad_input<T: Float>(
         .for_each(|(nc, dst)| {
             let (n, c) = (nc / g.c_in, nc % g.c_in);
             let (og, grp, ci) = (c / g.c_per_offset_group(), c / cig, c % cig);
-            let mut gcol = vec![-0.0; hw];
-            for k in 0..kk {
-                // gcol[c, k, n, ., .] for every output pixel, each sum in increasing o.
-                gcol.fill(-0.0);
-                for o in grp * g.c_out_per_group()..(grp + 1) * g.c_out_per_group() {
-                    let w = pr.weight_row(o)[ci * kk + k];
-                    for (a, &go) in gcol.iter_mut().zip(pr.grad_out_plane(n, o)) {
+            // gcol[c, k, n, ., .] for every tap and output pixel, each sum in increasing o
+            // (every tap at once, so that each grad_out plane is read once per channel).
+            let mut gcols = vec![-0.0; kk * hw];
+            for o in grp * g.c_out_per_group()..(grp + 1) * g.c_out_per_group() {
+                let (wrow, plane) = (pr.weight_row(o), pr.grad_out_plane(n, o));
+                for (k, gcol) in gcols.chunks_exact_mut(hw.max(1)).enumerate() {
+                    let w = wrow[ci * kk + k];
+                    for (a, &go) in gcol.iter_mut().zip(plane) {
                         *a += w * go;
                     }
                 }
+            }
+            for (k, gcol) in gcols.chunks_exact(hw.max(1)).enumerate() {
                 for (p, &gc) in gcol.iter().enumerate() {
                     let t = pr.tap(n, og, k, p);
                     let Some(cs) = corners(pr.conv, g.h, g.w, t.py, t.px) else {

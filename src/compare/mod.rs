@@ -90,7 +90,7 @@ pub use report::{
     compare_tensor, compare_tensor_within, Criterion, Expected, Report, TensorReport, Tolerance,
     Worst,
 };
-pub use scales::{error_scales, Operands, Scales};
+pub use scales::{error_scales, error_scales_for, Operands, Scales};
 
 /// The statistical check's limit when none is given: the largest RMS of
 /// `error / (eps * rms_scale)` a tensor may show (see the module docs; calibration in

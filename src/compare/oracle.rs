@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use ndarray::{Array4, ArrayD, ArrayViewD};
 
 use super::report::{compare_tensor_within, Expected, Report, TensorReport, Tolerance};
-use super::{error_scales, Operands, Output, Precision, Scales, DEFAULT_BOUND_FACTOR};
+use super::{error_scales_for, Operands, Output, Precision, Scales, DEFAULT_BOUND_FACTOR};
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
 use crate::reference;
@@ -207,7 +207,7 @@ impl Oracle {
     /// Computes the scales (and, unless `strict_positions`, the values and scales at the
     /// rounded positions when some sample is ambiguous) for `ops`.
     pub fn new(ops: &Operands<'_>, options: &Options) -> Result<Oracle> {
-        let scales = error_scales(ops)?;
+        let scales = error_scales_for(ops, options.precision)?;
         let alternative = if options.strict_positions {
             None
         } else {
@@ -220,7 +220,7 @@ impl Oracle {
                     };
                     Some(Alternative {
                         exact: exact_results(&alt_ops)?,
-                        scales: error_scales(&alt_ops)?,
+                        scales: error_scales_for(&alt_ops, options.precision)?,
                         samples: r.samples,
                     })
                 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use ndarray::{Array4, ArrayD, ArrayView1, ArrayView4, ArrayViewD};
 
-use super::Output;
+use super::{Output, Precision};
 use crate::error::Result;
 use crate::geometry::Geometry;
 use crate::params::ConvParams;
@@ -97,6 +97,18 @@ fn dims(shape: &[usize]) -> [usize; 4] {
 /// for any number of threads. Validates the operands like every entry point and returns the
 /// same errors.
 pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
+    scales_with(ops, None)
+}
+
+/// [`error_scales`] for a kernel of `precision`: `P` (and `P2`) count only the coordinates
+/// that `precision` cannot form exactly (`precision.position(base, d) != base + d`), since an
+/// exactly formed position moves nothing. Integer and half-integer positions, for instance,
+/// add no `P` in any profile.
+pub fn error_scales_for(ops: &Operands<'_>, precision: Precision) -> Result<Scales> {
+    scales_with(ops, Some(precision))
+}
+
+fn scales_with(ops: &Operands<'_>, precision: Option<Precision>) -> Result<Scales> {
     let p = &ops.params;
     let g = Geometry::new(dims(ops.input.shape()), dims(ops.weight.shape()), p)?;
     g.check_offset(ops.offset.shape())?;
@@ -109,8 +121,8 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
     if let Some(go) = &ops.grad_out {
         g.check_out("grad_out", go.shape())?;
     }
-    let scales = scale_sums(ops, &g, Power::Abs)?;
-    let rms = scale_sums(ops, &g, Power::Square)?
+    let scales = scale_sums(ops, &g, Power::Abs, precision)?;
+    let rms = scale_sums(ops, &g, Power::Square, precision)?
         .into_iter()
         .map(|(o, a)| (o, a.mapv(f64::sqrt)))
         .collect();
@@ -123,6 +135,7 @@ fn scale_sums(
     ops: &Operands<'_>,
     g: &Geometry,
     power: Power,
+    precision: Option<Precision>,
 ) -> Result<BTreeMap<Output, ArrayD<f64>>> {
     let p = &ops.params;
     let input = power.map4(&ops.input);
@@ -131,7 +144,7 @@ fn scale_sums(
     let bias = ops.bias.map(|b| b.mapv(|v| power.apply(v)));
     let offset = ops.offset;
     let mv = mask.as_ref().map(|m| m.view());
-    let cells = CellCentres::new(g, &offset, ops.mask.as_ref(), power);
+    let cells = CellCentres::new(g, &offset, ops.mask.as_ref(), power, precision);
     let (off_c, mask_c) = (cells.offset.view(), cells.mask.view());
     let mut scales = BTreeMap::new();
 
@@ -215,9 +228,9 @@ struct CellCentres {
     offset: Array4<f64>,
     /// `power(4 |m| (|py| + |px|))` per sample.
     mask: Array4<f64>,
-    /// `|py|` per sample, mask-shaped.
+    /// `|py|` per sample (0 where the precision forms `py` exactly), mask-shaped.
     abs_py: Array4<f64>,
-    /// `|px|` per sample, mask-shaped.
+    /// `|px|` likewise.
     abs_px: Array4<f64>,
 }
 
@@ -227,6 +240,7 @@ impl CellCentres {
         offset: &ArrayView4<'_, f64>,
         mask: Option<&ArrayView4<'_, f64>>,
         power: Power,
+        precision: Option<Precision>,
     ) -> Self {
         let mut centred = offset.to_owned();
         let mut cell_mask = Array4::<f64>::zeros(g.mask_shape());
@@ -248,13 +262,27 @@ impl CellCentres {
                             for x in 0..g.w_out {
                                 let (py, px) = position(g, offset, (n, og, i, j, y, x));
                                 let (dy, dx) = (2 * ch, 2 * ch + 1);
+                                // |p|, or 0 where the precision forms p exactly.
+                                let moved = |p: f64, base: usize, pad: usize, d: f64| {
+                                    let base = base as f64 - pad as f64;
+                                    match precision {
+                                        Some(prec) if prec.position(base, d) - base == d => 0.0,
+                                        _ => p.abs(),
+                                    }
+                                };
+                                let (by, bx) =
+                                    (y * g.stride_h + i * g.dil_h, x * g.stride_w + j * g.dil_w);
+                                let (my, mx) = (
+                                    moved(py, by, g.pad_top, offset[[n, dy, y, x]]),
+                                    moved(px, bx, g.pad_left, offset[[n, dx, y, x]]),
+                                );
                                 centred[[n, dy, y, x]] = centre(py, offset[[n, dy, y, x]]);
                                 centred[[n, dx, y, x]] = centre(px, offset[[n, dx, y, x]]);
                                 let m = mask.map_or(1.0, |m| m[[n, ch, y, x]].abs());
                                 let sample = [n, ch, y, x];
-                                abs_py[sample] = py.abs();
-                                abs_px[sample] = px.abs();
-                                cell_mask[sample] = power.apply(4.0 * m * (py.abs() + px.abs()));
+                                abs_py[sample] = my;
+                                abs_px[sample] = mx;
+                                cell_mask[sample] = power.apply(4.0 * m * (my + mx));
                             }
                         }
                     }
