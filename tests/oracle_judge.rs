@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use deformconv::compare::{exact_results, Operands, Options, Oracle, Output, Precision, Report};
-use deformconv::{reference, ConvParams, Convention, Want};
+use deformconv::{ConvParams, Convention, Want};
 use ndarray::{Array1, Array4, ArrayD};
 
 /// A problem in f64 (every value representable in f32 unless a test says otherwise).
@@ -313,7 +313,8 @@ fn each_precision_accepts_its_rounding_and_rejects_the_next_lower() {
     case.offset
         .mapv_inplace(|_| (rr.unit() * 3.0).floor() - 1.0);
     let exact = case.exact();
-    let lower: [(Precision, Box<dyn Fn(f64) -> f64>); 5] = [
+    type Rounding = Box<dyn Fn(f64) -> f64>;
+    let lower: [(Precision, Rounding); 5] = [
         (Precision::F64, Box::new(|v| v as f32 as f64)),
         (Precision::F32, Box::new(|v| Precision::Tf32.round(v))),
         (Precision::Tf32, Box::new(|v| Precision::Bf16.round(v))),

@@ -122,10 +122,12 @@ fn the_same_shape_and_seed_give_the_same_problem() {
 
 #[test]
 fn limits_control_the_optional_operands() {
-    let mut limits = Limits::default();
-    limits.mask = Presence::Always;
-    limits.bias = Presence::Never;
-    limits.min_batch = 0;
+    let limits = Limits {
+        mask: Presence::Always,
+        bias: Presence::Never,
+        min_batch: 0,
+        ..Limits::default()
+    };
     let mut runner = TestRunner::deterministic();
     for _ in 0..20 {
         let p = problems_with::<f64>(limits)

@@ -101,7 +101,7 @@ pub fn rounded_positions(
             return None;
         }
         let differs = whole != q.floor() || d_int != (q.fract() == 0.0);
-        differs.then(|| q - base as f64)
+        differs.then_some(q - base as f64)
     };
     for n in 0..g.n {
         for s in 0..g.offset_groups * g.taps() {
