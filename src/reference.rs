@@ -612,7 +612,7 @@ pub fn conv2d<T: Float>(
 /// `input_shape` is `[N, C_in, H, W]`; samples outside the convention's window (or NaN) send
 /// nothing. Under [`Convention::DcnV1`] a sample on the last row or column gives that row or
 /// column the full weight (its corners collapse). Each pixel's sum runs over `i, j, y, x` in
-/// that order (corners in the order of [`corners`]).
+/// that order (the corners `(y0, x0)`, `(y0, x1)`, `(y1, x0)`, `(y1, x1)` in turn).
 pub fn grad_input<T: Float>(
     grad_out: ArrayView4<'_, T>,
     offset: ArrayView4<'_, T>,

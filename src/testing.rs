@@ -6,10 +6,13 @@
 //!   values, exact integers, half-integers, samples placed exactly at `-1`, `0`, `H-1`, `H` (and
 //!   just inside or beyond them) and far outside the image; masks include zeros, ones, negatives
 //!   and values above 1. Shrinking acts on the shape only (the values come from a seed that does
-//!   not shrink), so a failure shrinks to a small problem quickly.
-//! - [`Problem::report`] and [`assert_close`]: compare a kernel's results with
-//!   [`reference`](mod@crate::reference) under the per-element DESIGN §5 bound of
-//!   [`compare`](crate::compare), the same rule as `deformconv compare`.
+//!   not shrink), so a failure shrinks to a small problem quickly. [`Limits`] narrows them
+//!   (symmetric padding only, mask and bias presence, and [`Placement`]: where samples land).
+//! - [`Problem::report`], [`assert_close`], and for a proptest body [`Problem::check`] /
+//!   [`Problem::check_grads`] (owned arrays or a [`Grads`], returning `TestCaseError`):
+//!   compare a kernel's results with [`reference`](mod@crate::reference) as
+//!   [`compare::Oracle`](crate::compare::Oracle) judges results computed in `T`: the
+//!   per-element DESIGN §5 bound with positions within rounding, and the statistical check.
 //!
 //! # A downstream crate testing its own kernel
 //!

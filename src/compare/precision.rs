@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// The precision a kernel under test computes in, for [`Tolerance::precision`] and the
+/// The precision a kernel under test computes in, for [`Tolerance::precision`](super::Tolerance::precision) and the
 /// position rule of [`Oracle`](super::Oracle).
 ///
 /// Each profile is one unit round-off `u` (the largest relative error of one rounding to
