@@ -65,6 +65,10 @@ pub use forward::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into};
 pub use geometry::{checked_elements, Geometry};
 pub use params::{ConvParams, Padding};
 
+/// The `ndarray` this crate's API takes and returns, so that a downstream crate need not pin
+/// the same version by hand.
+pub use ndarray;
+
 /// The README's examples, compiled and run as doctests.
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]

@@ -28,7 +28,10 @@
 //! [`Convention::DcnV1`]); every function here follows it, forward and backward, and the
 //! three private rules `counts`, `cell` and `coordinate_weights` are where they differ.
 
-use ndarray::{Array1, Array4, ArrayView1, ArrayView4};
+use std::ops::Range;
+
+use ndarray::{Array1, Array4, ArrayView1, ArrayView4, ShapeBuilder};
+use rayon::prelude::*;
 
 use crate::convention::Convention;
 use crate::error::Result;
@@ -296,19 +299,172 @@ pub(crate) fn coordinate_weights<T: Float>(
     let wx = ly * (v11 - v10) + hy * (v01 - v00);
     (wy, wx)
 }
+// ---------------------------------------------------------------------------------------------
+// Running the sums in parallel.
+//
+// Every result element below is one sum, accumulated term after term in exactly the order the
+// formulas above read (the order of the serial loops this module started as). What runs in
+// parallel is *which elements* a task computes, never the terms of one element: a task owns
+// whole elements (a run of output pixels of one image, one input plane, a block of weight
+// entries), so every element is bitwise the same for any number of threads. Where it pays,
+// a task first computes the values several sums share (the column values `m * B`, the column
+// gradients `gcol`) into a small buffer, and then advances several independent sums side by
+// side, each still in its own order.
+// ---------------------------------------------------------------------------------------------
 
-/// `gcol[c, k, n, y, x] = sum_{o in group(c)} weight[o, c', i, j] * grad_out[n, o, y, x]`.
-fn column_gradient<T: Float>(
-    g: &Geometry,
+/// Output pixels (of one image) handled by one task.
+const PIXELS_PER_TASK: usize = 32;
+
+/// Largest column buffer of a `grad_weight` task, in `f64` values (16 MiB).
+const WEIGHT_TASK_VALUES: usize = 1 << 21;
+
+/// A copy of `a` in `f64`, standard layout (so that rows are slices).
+fn owned<T: Float>(what: &str, a: &ArrayView4<'_, T>) -> Result<Array4<f64>> {
+    let mut out = try_zeros(what, dims(a.shape()), 0.0)?;
+    out.zip_mut_with(a, |o, &v| *o = v.to_f64());
+    Ok(out)
+}
+
+/// The operands of one problem in `f64`, standard layout, with its geometry.
+struct Prepared {
+    g: Geometry,
+    conv: Convention,
+    input: Option<Array4<f64>>,
+    offset: Array4<f64>,
+    mask: Option<Array4<f64>>,
+    /// `[C_out, C_in / groups * kh * kw]`: row `o` holds `weight[o, c', i, j]` at
+    /// `c' * K + i * kw + j`.
+    weight: Array4<f64>,
+    grad_out: Option<Array4<f64>>,
+}
+
+impl Prepared {
+    fn input(&self) -> ArrayView4<'_, f64> {
+        self.input.as_ref().expect("input prepared").view()
+    }
+
+    fn mask(&self) -> Option<ArrayView4<'_, f64>> {
+        self.mask.as_ref().map(|m| m.view())
+    }
+
+    fn tap(&self, n: usize, og: usize, k: usize, pixel: usize) -> Tap {
+        let g = &self.g;
+        let (i, j) = (k / g.kw, k % g.kw);
+        let (y, x) = (pixel / g.w_out, pixel % g.w_out);
+        tap(
+            g,
+            &self.offset.view(),
+            self.mask().as_ref(),
+            (n, og, i, j, y, x),
+        )
+    }
+
+    /// `grad_out[n, o]` as a slice of `H_out * W_out` values.
+    fn grad_out_plane(&self, n: usize, o: usize) -> &[f64] {
+        let go = self.grad_out.as_ref().expect("grad_out prepared");
+        let hw = self.g.out_pixels();
+        let start = (n * self.g.c_out + o) * hw;
+        &go.as_slice().expect("standard layout")[start..start + hw]
+    }
+
+    /// Row `o` of the weight: `C_in / groups * K` values.
+    fn weight_row(&self, o: usize) -> &[f64] {
+        let len = self.g.c_in_per_group() * self.g.taps();
+        &self.weight.as_slice().expect("standard layout")[o * len..(o + 1) * len]
+    }
+
+    /// Column values `m * B(input[n, c], py, px)` for `pixels` of image `n` and input channels
+    /// `channels`, pixel-major: `[pixel][(c - channels.start) * K + k]`.
+    fn columns(&self, n: usize, pixels: Range<usize>, channels: Range<usize>) -> Vec<f64> {
+        let g = &self.g;
+        let (kk, input) = (g.taps(), self.input());
+        let mut cols = Vec::with_capacity(pixels.len() * channels.len() * kk);
+        let mut taps = Vec::with_capacity(g.offset_groups * kk);
+        for p in pixels {
+            taps.clear();
+            taps.extend((0..g.offset_groups * kk).map(|t| self.tap(n, t / kk, t % kk, p)));
+            for c in channels.clone() {
+                let og = c / g.c_per_offset_group();
+                for t in &taps[og * kk..(og + 1) * kk] {
+                    // The column value m * B first, as the fast path and torchvision form it.
+                    cols.push(t.m * bilinear(self.conv, &input, n, c, t.py, t.px));
+                }
+            }
+        }
+        cols
+    }
+
+    /// Column gradients `gcol[c, k, n, y, x]` for `pixels` of image `n`, pixel-major:
+    /// `[pixel][c * K + k]`, each the sum over `o in group(c)` in increasing `o`, from `-0.0`
+    /// (the start of `Iterator::sum` for floats).
+    fn column_gradients(&self, n: usize, pixels: Range<usize>) -> Vec<f64> {
+        let g = &self.g;
+        let row_len = g.c_in * g.taps();
+        let group_len = g.c_in_per_group() * g.taps();
+        let mut gcol = vec![-0.0; pixels.len() * row_len];
+        // o outermost so that each weight row serves every pixel of the run; each sum still
+        // adds its terms in increasing o.
+        for grp in 0..g.groups {
+            for o in grp * g.c_out_per_group()..(grp + 1) * g.c_out_per_group() {
+                let (wrow, plane) = (self.weight_row(o), self.grad_out_plane(n, o));
+                for (row, p) in gcol.chunks_exact_mut(row_len.max(1)).zip(pixels.clone()) {
+                    let go = plane[p];
+                    let acc = &mut row[grp * group_len..(grp + 1) * group_len];
+                    for (a, &w) in acc.iter_mut().zip(wrow) {
+                        *a += w * go;
+                    }
+                }
+            }
+        }
+        gcol
+    }
+}
+
+/// Prepares operands: validates like every entry point, then copies to `f64`.
+fn prepare<T: Float>(
+    g: Geometry,
+    params: &ConvParams,
+    input: Option<&ArrayView4<'_, T>>,
+    offset: &ArrayView4<'_, T>,
+    mask: Option<&ArrayView4<'_, T>>,
     weight: &ArrayView4<'_, T>,
-    grad_out: &ArrayView4<'_, T>,
-    (n, c, i, j, y, x): (usize, usize, usize, usize, usize, usize),
-) -> f64 {
-    let group = c / g.c_in_per_group();
-    let ci = c % g.c_in_per_group();
-    let outs = group * g.c_out_per_group()..(group + 1) * g.c_out_per_group();
-    outs.map(|o| weight[[o, ci, i, j]].to_f64() * grad_out[[n, o, y, x]].to_f64())
-        .sum()
+    grad_out: Option<&ArrayView4<'_, T>>,
+) -> Result<Prepared> {
+    Ok(Prepared {
+        g,
+        conv: params.convention,
+        input: input.map(|x| owned("input", x)).transpose()?,
+        offset: owned("offset", offset)?,
+        mask: mask.map(|m| owned("mask", m)).transpose()?,
+        weight: owned("weight", weight)?,
+        grad_out: grad_out.map(|go| owned("grad_out", go)).transpose()?,
+    })
+}
+
+/// The pixel runs of every image, one per task: `(n, first pixel .. end)`.
+fn pixel_tasks(g: &Geometry) -> Vec<(usize, Range<usize>)> {
+    let hw = g.out_pixels();
+    (0..g.n)
+        .flat_map(|n| {
+            (0..hw)
+                .step_by(PIXELS_PER_TASK)
+                .map(move |p| (n, p..(p + PIXELS_PER_TASK).min(hw)))
+        })
+        .collect()
+}
+
+/// Writes pixel-major task results (`[pixel][channel]`, `channels` per pixel) into the NCHW
+/// array `dst`.
+fn scatter_pixels(dst: &mut Array4<f64>, tasks: &[(usize, Range<usize>)], blocks: &[Vec<f64>]) {
+    let (channels, hw) = (dst.shape()[1], dst.shape()[2] * dst.shape()[3]);
+    let dst = dst.as_slice_mut().expect("standard layout");
+    for ((n, pixels), block) in tasks.iter().zip(blocks) {
+        for (row, p) in block.chunks_exact(channels.max(1)).zip(pixels.clone()) {
+            for (ch, &v) in row.iter().enumerate() {
+                dst[(n * channels + ch) * hw + p] = v;
+            }
+        }
+    }
 }
 
 /// Forward deformable convolution (DCN v1 without `mask`, v2 with):
@@ -317,7 +473,8 @@ fn column_gradient<T: Float>(
 /// out[n, o, y, x] = bias[o] + sum_{c' < C_in/groups} sum_{i, j} weight[o, c', i, j] * m * B(input[n, c], py, px)
 /// ```
 ///
-/// with `c = group(o) * C_in/groups + c'` and `py`, `px`, `m`, `B` as in the module docs.
+/// with `c = group(o) * C_in/groups + c'` and `py`, `px`, `m`, `B` as in the module docs; the
+/// sum starts from `bias[o]` (or 0) and adds the terms in the order `c', i, j`.
 ///
 /// ```
 /// use deformconv::{reference, ConvParams};
@@ -351,23 +508,54 @@ pub fn deform_conv2d<T: Float>(
         g.check_bias(b.len())?;
     }
     let mut out = try_zeros("output", g.out_shape(), 0.0)?;
-    for ((n, o, y, x), slot) in out.indexed_iter_mut() {
-        let group = o / g.c_out_per_group();
-        let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
-        for ci in 0..g.c_in_per_group() {
-            let c = group * g.c_in_per_group() + ci;
-            let og = c / g.c_per_offset_group();
-            for i in 0..g.kh {
-                for j in 0..g.kw {
-                    let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
-                    let b = bilinear(params.convention, &input, n, c, t.py, t.px);
-                    // The column value m * B first, as the fast path and torchvision form it.
-                    acc += weight[[o, ci, i, j]].to_f64() * (t.m * b);
+    let bias: Option<Vec<f64>> = bias.map(|b| b.iter().map(|v| v.to_f64()).collect());
+    let pr = prepare(
+        g,
+        params,
+        Some(&input),
+        &offset,
+        mask.as_ref(),
+        &weight,
+        None,
+    )?;
+    let g = &pr.g;
+    let (cig, cog, kk) = (g.c_in_per_group(), g.c_out_per_group(), g.taps());
+    // weight by column: `by_column[(group * cig * K + e) * cog + o']` = weight[group * cog + o', e].
+    let mut by_column = vec![0.0; g.c_out * cig * kk];
+    for o in 0..g.c_out {
+        let (grp, ol) = (o / cog, o % cog);
+        for (e, &w) in pr.weight_row(o).iter().enumerate() {
+            by_column[(grp * cig * kk + e) * cog + ol] = w;
+        }
+    }
+    let tasks = pixel_tasks(g);
+    let blocks: Vec<Vec<f64>> = tasks
+        .par_iter()
+        .map(|(n, pixels)| {
+            let cols = pr.columns(*n, pixels.clone(), 0..g.c_in);
+            let mut res = vec![0.0; pixels.len() * g.c_out];
+            let row_len = g.c_in * kk;
+            for (ol, a) in res.iter_mut().enumerate() {
+                *a = bias.as_ref().map_or(0.0, |b| b[ol % g.c_out.max(1)]);
+            }
+            // Term e outermost so that each weight column serves every pixel of the run; each
+            // sum still adds its terms in increasing e = c' * K + k after the bias.
+            for grp in 0..g.groups {
+                for e in 0..cig * kk {
+                    let ws = &by_column[(grp * cig * kk + e) * cog..][..cog];
+                    for (p, outs) in res.chunks_exact_mut(g.c_out.max(1)).enumerate() {
+                        let col = cols[p * row_len + grp * cig * kk + e];
+                        let acc = &mut outs[grp * cog..(grp + 1) * cog];
+                        for (a, &w) in acc.iter_mut().zip(ws) {
+                            *a += w * col;
+                        }
+                    }
                 }
             }
-        }
-        *slot = acc;
-    }
+            res
+        })
+        .collect();
+    scatter_pixels(&mut out, &tasks, &blocks);
     Ok(out)
 }
 
@@ -389,7 +577,12 @@ pub fn conv2d<T: Float>(
         g.check_bias(b.len())?;
     }
     let mut out = try_zeros("output", g.out_shape(), 0.0)?;
-    for ((n, o, y, x), slot) in out.indexed_iter_mut() {
+    let [_, c_out, h_out, w_out] = g.out_shape();
+    let slots = out.as_slice_mut().expect("standard layout");
+    slots.par_iter_mut().enumerate().for_each(|(flat, slot)| {
+        let (x, rest) = (flat % w_out, flat / w_out);
+        let (y, rest) = (rest % h_out, rest / h_out);
+        let (o, n) = (rest % c_out, rest / c_out);
         let group = o / g.c_out_per_group();
         let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
         for ci in 0..g.c_in_per_group() {
@@ -404,7 +597,7 @@ pub fn conv2d<T: Float>(
             }
         }
         *slot = acc;
-    }
+    });
     Ok(out)
 }
 
@@ -418,7 +611,8 @@ pub fn conv2d<T: Float>(
 ///
 /// `input_shape` is `[N, C_in, H, W]`; samples outside the convention's window (or NaN) send
 /// nothing. Under [`Convention::DcnV1`] a sample on the last row or column gives that row or
-/// column the full weight (its corners collapse).
+/// column the full weight (its corners collapse). Each pixel's sum runs over `i, j, y, x` in
+/// that order (the corners `(y0, x0)`, `(y0, x1)`, `(y1, x0)`, `(y1, x1)` in turn).
 pub fn grad_input<T: Float>(
     grad_out: ArrayView4<'_, T>,
     offset: ArrayView4<'_, T>,
@@ -436,32 +630,192 @@ pub fn grad_input<T: Float>(
     )?;
     g.check_out("grad_out", grad_out.shape())?;
     let mut grad = try_zeros("grad_input", input_shape, 0.0)?;
-    for n in 0..g.n {
-        for c in 0..g.c_in {
-            let og = c / g.c_per_offset_group();
-            for i in 0..g.kh {
-                for j in 0..g.kw {
-                    for y in 0..g.h_out {
-                        for x in 0..g.w_out {
-                            let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
-                            let Some(cs) = corners(params.convention, g.h, g.w, t.py, t.px) else {
-                                continue;
-                            };
-                            let gc = column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
-                            for (r, s, wt) in cs {
-                                let inside =
-                                    r >= 0.0 && r < g.h as f64 && s >= 0.0 && s < g.w as f64;
-                                if inside {
-                                    grad[[n, c, r as usize, s as usize]] += gc * t.m * wt;
+    let pr = prepare(
+        g,
+        params,
+        None,
+        &offset,
+        mask.as_ref(),
+        &weight,
+        Some(&grad_out),
+    )?;
+    let g = &pr.g;
+    let (hw, plane) = (g.out_pixels(), g.h * g.w);
+    let (cig, kk) = (g.c_in_per_group(), g.taps());
+    let planes = grad.as_slice_mut().expect("standard layout");
+    planes
+        .par_chunks_mut(plane.max(1))
+        .enumerate()
+        .for_each(|(nc, dst)| {
+            let (n, c) = (nc / g.c_in, nc % g.c_in);
+            let (og, grp, ci) = (c / g.c_per_offset_group(), c / cig, c % cig);
+            // gcol[c, k, n, ., .] for every tap and output pixel, each sum in increasing o
+            // (every tap at once, so that each grad_out plane is read once per channel).
+            let mut gcols = vec![-0.0; kk * hw];
+            for o in grp * g.c_out_per_group()..(grp + 1) * g.c_out_per_group() {
+                let (wrow, plane) = (pr.weight_row(o), pr.grad_out_plane(n, o));
+                for (k, gcol) in gcols.chunks_exact_mut(hw.max(1)).enumerate() {
+                    let w = wrow[ci * kk + k];
+                    for (a, &go) in gcol.iter_mut().zip(plane) {
+                        *a += w * go;
+                    }
+                }
+            }
+            for (k, gcol) in gcols.chunks_exact(hw.max(1)).enumerate() {
+                for (p, &gc) in gcol.iter().enumerate() {
+                    let t = pr.tap(n, og, k, p);
+                    let Some(cs) = corners(pr.conv, g.h, g.w, t.py, t.px) else {
+                        continue;
+                    };
+                    for (r, s, wt) in cs {
+                        if r >= 0.0 && r < g.h as f64 && s >= 0.0 && s < g.w as f64 {
+                            dst[r as usize * g.w + s as usize] += gc * t.m * wt;
+                        }
+                    }
+                }
+            }
+        });
+    Ok(grad)
+}
+
+/// What [`sample_sums`] adds up per sample, over the channels `c` of its offset group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SampleSum {
+    /// `grad_offset`: `(sum_c gcol * m * Wy, sum_c gcol * m * Wx)`.
+    Offset,
+    /// `grad_mask`: `sum_c gcol * B`.
+    Mask,
+    /// The magnitudes of `grad_offset`'s terms (operands already absolute, no window cut-off):
+    /// `(m * sum_c gcol * Ay, m * sum_c gcol * Ax)` with
+    /// `Ay = lx (v11 + v01) + (1 - lx)(v10 + v00)`, `Ax = ly (v11 + v10) + (1 - ly)(v01 + v00)`
+    /// on the convention's cell.
+    OffsetMagnitude,
+}
+
+/// The per-sample sums of `grad_offset`, `grad_mask` (see [`SampleSum`]), shaped like the
+/// offsets (two values per sample) or like the mask (one).
+pub(crate) fn sample_sums<T: Float>(
+    kind: SampleSum,
+    grad_out: ArrayView4<'_, T>,
+    input: ArrayView4<'_, T>,
+    offset: ArrayView4<'_, T>,
+    mask: Option<ArrayView4<'_, T>>,
+    weight: ArrayView4<'_, T>,
+    params: &ConvParams,
+) -> Result<Array4<f64>> {
+    let g = deform_geometry(
+        dims(input.shape()),
+        dims(weight.shape()),
+        &offset,
+        mask.as_ref(),
+        params,
+    )?;
+    g.check_out("grad_out", grad_out.shape())?;
+    let (what, shape, per_sample) = match kind {
+        SampleSum::Mask => ("grad_mask", g.mask_shape(), 1),
+        _ => ("grad_offset", g.offset_shape(), 2),
+    };
+    let mut grad = try_zeros(what, shape, 0.0)?;
+    let pr = prepare(
+        g,
+        params,
+        Some(&input),
+        &offset,
+        mask.as_ref(),
+        &weight,
+        Some(&grad_out),
+    )?;
+    let g = &pr.g;
+    let (kk, row_len) = (g.taps(), g.c_in * g.taps());
+    let x = pr.input();
+    let tasks = pixel_tasks(g);
+    let blocks: Vec<Vec<f64>> = tasks
+        .par_iter()
+        .map(|(n, pixels)| {
+            let n = *n;
+            let gcol = pr.column_gradients(n, pixels.clone());
+            let mut res = Vec::with_capacity(pixels.len() * shape[1]);
+            for (p, row) in pixels.clone().zip(gcol.chunks_exact(row_len.max(1))) {
+                for og in 0..g.offset_groups {
+                    for k in 0..kk {
+                        let t = pr.tap(n, og, k, p);
+                        let channels =
+                            og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
+                        match kind {
+                            SampleSum::Offset => {
+                                let (mut sy, mut sx) = (0.0, 0.0);
+                                for c in channels {
+                                    let gc = row[c * kk + k];
+                                    let (wy, wx) =
+                                        coordinate_weights(pr.conv, &x, n, c, t.py, t.px);
+                                    sy += gc * t.m * wy;
+                                    sx += gc * t.m * wx;
                                 }
+                                res.extend([sy, sx]);
+                            }
+                            SampleSum::Mask => {
+                                let s: f64 = channels
+                                    .map(|c| {
+                                        row[c * kk + k] * bilinear(pr.conv, &x, n, c, t.py, t.px)
+                                    })
+                                    .sum();
+                                res.push(s);
+                            }
+                            SampleSum::OffsetMagnitude => {
+                                let (mut sy, mut sx) = (0.0, 0.0);
+                                for c in channels {
+                                    let (ay, ax) = corner_magnitudes(pr.conv, &x, n, c, t.py, t.px);
+                                    sy += row[c * kk + k] * ay;
+                                    sx += row[c * kk + k] * ax;
+                                }
+                                res.extend([t.m * sy, t.m * sx]);
                             }
                         }
                     }
                 }
             }
-        }
-    }
+            debug_assert_eq!(res.len(), pixels.len() * g.offset_groups * kk * per_sample);
+            res
+        })
+        .collect();
+    scatter_pixels(&mut grad, &tasks, &blocks);
     Ok(grad)
+}
+
+/// `(Ay, Ax)` of [`SampleSum::OffsetMagnitude`] for one channel (values already absolute):
+/// NaN for a NaN position, 0 for an infinite one, no window cut-off.
+fn corner_magnitudes(
+    conv: Convention,
+    input: &ArrayView4<'_, f64>,
+    n: usize,
+    c: usize,
+    py: Coord,
+    px: Coord,
+) -> (f64, f64) {
+    if py.is_nan() || px.is_nan() {
+        return (f64::NAN, f64::NAN);
+    }
+    if py.is_infinite() || px.is_infinite() {
+        return (0.0, 0.0);
+    }
+    let (h, w) = (input.shape()[2], input.shape()[3]);
+    let Cell {
+        y0,
+        y1,
+        x0,
+        x1,
+        ly,
+        lx,
+        hy,
+        hx,
+    } = cell(conv, h, w, py, px);
+    let v = |r: f64, s: f64| pixel(input, n, c, r, s);
+    let (v00, v01) = (v(y0, x0), v(y0, x1));
+    let (v10, v11) = (v(y1, x0), v(y1, x1));
+    (
+        lx * (v11 + v01) + hx * (v10 + v00),
+        ly * (v11 + v10) + hy * (v01 + v00),
+    )
 }
 
 /// Gradient with respect to the offsets:
@@ -482,43 +836,15 @@ pub fn grad_offset<T: Float>(
     weight: ArrayView4<'_, T>,
     params: &ConvParams,
 ) -> Result<Array4<f64>> {
-    let g = deform_geometry(
-        dims(input.shape()),
-        dims(weight.shape()),
-        &offset,
-        mask.as_ref(),
+    sample_sums(
+        SampleSum::Offset,
+        grad_out,
+        input,
+        offset,
+        mask,
+        weight,
         params,
-    )?;
-    g.check_out("grad_out", grad_out.shape())?;
-    let mut grad = try_zeros("grad_offset", g.offset_shape(), 0.0)?;
-    for n in 0..g.n {
-        for og in 0..g.offset_groups {
-            for i in 0..g.kh {
-                for j in 0..g.kw {
-                    let ch = og * g.taps() + i * g.kw + j;
-                    for y in 0..g.h_out {
-                        for x in 0..g.w_out {
-                            let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
-                            let (mut sy, mut sx) = (0.0, 0.0);
-                            let channels =
-                                og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
-                            for c in channels {
-                                let gc =
-                                    column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
-                                let (wy, wx) =
-                                    coordinate_weights(params.convention, &input, n, c, t.py, t.px);
-                                sy += gc * t.m * wy;
-                                sx += gc * t.m * wx;
-                            }
-                            grad[[n, 2 * ch, y, x]] = sy;
-                            grad[[n, 2 * ch + 1, y, x]] = sx;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    Ok(grad)
+    )
 }
 
 /// Gradient with respect to the mask:
@@ -535,28 +861,15 @@ pub fn grad_mask<T: Float>(
     weight: ArrayView4<'_, T>,
     params: &ConvParams,
 ) -> Result<Array4<f64>> {
-    let g = deform_geometry(
-        dims(input.shape()),
-        dims(weight.shape()),
-        &offset,
+    sample_sums(
+        SampleSum::Mask,
+        grad_out,
+        input,
+        offset,
         None,
+        weight,
         params,
-    )?;
-    g.check_out("grad_out", grad_out.shape())?;
-    let mut grad = try_zeros("grad_mask", g.mask_shape(), 0.0)?;
-    for ((n, ch, y, x), slot) in grad.indexed_iter_mut() {
-        let (og, k) = (ch / g.taps(), ch % g.taps());
-        let (i, j) = (k / g.kw, k % g.kw);
-        let t = tap(&g, &offset, None, (n, og, i, j, y, x));
-        let channels = og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
-        *slot = channels
-            .map(|c| {
-                let gc = column_gradient(&g, &weight, &grad_out, (n, c, i, j, y, x));
-                gc * bilinear(params.convention, &input, n, c, t.py, t.px)
-            })
-            .sum();
-    }
-    Ok(grad)
+    )
 }
 
 /// Gradient with respect to the weight, `weight_shape = [C_out, C_in/groups, kh, kw]`:
@@ -564,6 +877,8 @@ pub fn grad_mask<T: Float>(
 /// ```text
 /// grad_weight[o, c', i, j] = sum_{n, y, x} grad_out[n, o, y, x] * m * B(input[n, c], py, px)
 /// ```
+///
+/// each sum in the order `n, y, x`.
 pub fn grad_weight<T: Float>(
     grad_out: ArrayView4<'_, T>,
     input: ArrayView4<'_, T>,
@@ -581,20 +896,70 @@ pub fn grad_weight<T: Float>(
     )?;
     g.check_out("grad_out", grad_out.shape())?;
     let mut grad = try_zeros("grad_weight", weight_shape, 0.0)?;
-    for ((o, ci, i, j), slot) in grad.indexed_iter_mut() {
-        let c = (o / g.c_out_per_group()) * g.c_in_per_group() + ci;
-        let og = c / g.c_per_offset_group();
-        let mut acc = 0.0;
-        for n in 0..g.n {
-            for y in 0..g.h_out {
-                for x in 0..g.w_out {
-                    let t = tap(&g, &offset, mask.as_ref(), (n, og, i, j, y, x));
-                    let b = bilinear(params.convention, &input, n, c, t.py, t.px);
-                    acc += grad_out[[n, o, y, x]].to_f64() * (t.m * b);
+    // Only the weight's shape matters here; a zero-strided view stands in for it.
+    let zero = T::ZERO;
+    let weight = ArrayView4::from_shape(
+        weight_shape.strides([0, 0, 0, 0]),
+        std::slice::from_ref(&zero),
+    )
+    .expect("a broadcast of one element");
+    let pr = prepare(
+        g,
+        params,
+        Some(&input),
+        &offset,
+        mask.as_ref(),
+        &weight,
+        Some(&grad_out),
+    )?;
+    let g = &pr.g;
+    let (cig, cog, kk, hw) = (
+        g.c_in_per_group(),
+        g.c_out_per_group(),
+        g.taps(),
+        g.out_pixels(),
+    );
+    // Tasks: a block of input channels of one group; each computes its columns over every image
+    // and pixel once, then every weight entry of those channels, one sum per entry.
+    let per_channel = (g.n * hw * kk).max(1);
+    let block = (WEIGHT_TASK_VALUES / per_channel).clamp(1, cig.div_ceil(4).max(1));
+    let tasks: Vec<(usize, Range<usize>)> = (0..g.groups)
+        .flat_map(|grp| {
+            (0..cig)
+                .step_by(block)
+                .map(move |c0| (grp, c0..(c0 + block).min(cig)))
+        })
+        .collect();
+    let blocks: Vec<Vec<f64>> = tasks
+        .par_iter()
+        .map(|(grp, cis)| {
+            let channels = grp * cig + cis.start..grp * cig + cis.end;
+            let width = cis.len() * kk;
+            let cols: Vec<Vec<f64>> = (0..g.n)
+                .map(|n| pr.columns(n, 0..hw, channels.clone()))
+                .collect();
+            // [o'][(c' - start) * K + k]
+            let mut res = vec![0.0; cog * width];
+            for (ol, acc) in res.chunks_exact_mut(width.max(1)).enumerate() {
+                let o = grp * cog + ol;
+                for (n, cols) in cols.iter().enumerate() {
+                    for (&go, row) in pr.grad_out_plane(n, o).iter().zip(cols.chunks_exact(width)) {
+                        for (a, &col) in acc.iter_mut().zip(row) {
+                            *a += go * col;
+                        }
+                    }
                 }
             }
+            res
+        })
+        .collect();
+    let dst = grad.as_slice_mut().expect("standard layout");
+    for ((grp, cis), block) in tasks.iter().zip(&blocks) {
+        let width = cis.len() * kk;
+        for (ol, acc) in block.chunks_exact(width.max(1)).enumerate() {
+            let o = grp * cog + ol;
+            dst[o * cig * kk + cis.start * kk..][..width].copy_from_slice(acc);
         }
-        *slot = acc;
     }
     Ok(grad)
 }

@@ -6,10 +6,13 @@
 //!   values, exact integers, half-integers, samples placed exactly at `-1`, `0`, `H-1`, `H` (and
 //!   just inside or beyond them) and far outside the image; masks include zeros, ones, negatives
 //!   and values above 1. Shrinking acts on the shape only (the values come from a seed that does
-//!   not shrink), so a failure shrinks to a small problem quickly.
-//! - [`Problem::report`] and [`assert_close`]: compare a kernel's results with
-//!   [`reference`](mod@crate::reference) under the per-element DESIGN §5 bound of
-//!   [`compare`](crate::compare), the same rule as `deformconv compare`.
+//!   not shrink), so a failure shrinks to a small problem quickly. [`Limits`] narrows them
+//!   (symmetric padding only, mask and bias presence, and [`Placement`]: where samples land).
+//! - [`Problem::report`], [`assert_close`], and for a proptest body [`Problem::check`] /
+//!   [`Problem::check_grads`] (owned arrays or a [`Grads`], returning `TestCaseError`):
+//!   compare a kernel's results with [`reference`](mod@crate::reference) as
+//!   [`compare::Oracle`](crate::compare::Oracle) judges results computed in `T`: the
+//!   per-element DESIGN §5 bound with positions within rounding, and the statistical check.
 //!
 //! # A downstream crate testing its own kernel
 //!
@@ -39,15 +42,17 @@ use std::fmt::Write as _;
 
 use ndarray::{Array1, Array4, ArrayD, ArrayView, ArrayView4, ArrayViewD, Dimension};
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
-use crate::compare::{compare_tensor, error_scales, Operands};
+use crate::backward::Grads;
+use crate::compare::{compare_tensor_within, error_scales, Expected, Operands, Oracle};
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::Geometry;
 use crate::params::{ConvParams, Padding};
 use crate::reference;
 
-pub use crate::compare::{Output, Report, TensorReport, Tolerance};
+pub use crate::compare::{Options, Output, Precision, Report, TensorReport, Tolerance};
 
 /// Whether an optional operand (mask, bias) is generated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,8 +77,11 @@ impl Presence {
 
 /// Bounds on the generated problems. Every range starts at its smallest valid value, which is
 /// where shrinking goes.
+///
+/// Build them with struct update syntax from another crate
+/// (`Limits { mask: Presence::Never, ..Limits::default() }`) or with the builder methods
+/// (`Limits::default().mask(Presence::Never).symmetric_padding()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct Limits {
     /// Smallest batch (0 is valid and gives empty results).
     pub min_batch: usize,
@@ -101,6 +109,71 @@ pub struct Limits {
     pub mask: Presence,
     /// Whether a bias is generated.
     pub bias: Presence,
+    /// Only symmetric padding (`top == bottom`, `left == right`), for kernels that cannot
+    /// express asymmetric padding.
+    pub symmetric_padding_only: bool,
+    /// Where the samples land.
+    pub placement: Placement,
+}
+
+/// Where the generated samples land (the offsets' distribution).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// A mix of every kind below (free values, integers, half-integers, borders, far outside).
+    #[default]
+    Mixed,
+    /// Strictly inside the image, away from every border and integer (`0 < p < H - 1`,
+    /// fractional part in `[0.05, 0.95]`), where every convention agrees.
+    Interior,
+    /// Exactly on `-1`, `0`, `H - 1` or `H` (or `1/1024` inside or beyond them).
+    Borders,
+    /// Exact integers (offsets in `-2..=2`).
+    Integers,
+    /// Far outside the image (at least 3 pixels beyond an edge).
+    FarOutside,
+}
+
+impl Limits {
+    /// The same limits with `mask` presence.
+    pub fn mask(self, mask: Presence) -> Self {
+        Limits { mask, ..self }
+    }
+
+    /// The same limits with `bias` presence.
+    pub fn bias(self, bias: Presence) -> Self {
+        Limits { bias, ..self }
+    }
+
+    /// The same limits with symmetric padding only.
+    pub fn symmetric_padding(self) -> Self {
+        Limits {
+            symmetric_padding_only: true,
+            ..self
+        }
+    }
+
+    /// The same limits with samples placed by `placement`.
+    pub fn placement(self, placement: Placement) -> Self {
+        Limits { placement, ..self }
+    }
+
+    /// The same limits with batches `min..=max`.
+    pub fn batch(self, min: usize, max: usize) -> Self {
+        Limits {
+            min_batch: min,
+            max_batch: max,
+            ..self
+        }
+    }
+
+    /// The same limits with at most `groups` groups and `offset_groups` offset groups.
+    pub fn groups(self, groups: usize, offset_groups: usize) -> Self {
+        Limits {
+            max_groups: groups,
+            max_offset_groups: offset_groups,
+            ..self
+        }
+    }
 }
 
 impl Default for Limits {
@@ -121,6 +194,8 @@ impl Default for Limits {
             max_extra_size: 6,
             mask: Presence::Either,
             bias: Presence::Either,
+            symmetric_padding_only: false,
+            placement: Placement::Mixed,
         }
     }
 }
@@ -176,8 +251,13 @@ pub fn problem_shapes(limits: Limits) -> BoxedStrategy<ProblemShape> {
         at_least_1(l.max_dilation),
         at_least_1(l.max_dilation),
     );
+    let asymmetric = if l.symmetric_padding_only {
+        Just(false).boxed()
+    } else {
+        any::<bool>().boxed()
+    };
     let padding = (
-        any::<bool>(),
+        asymmetric,
         [
             0..=l.max_padding,
             0..=l.max_padding,
@@ -241,8 +321,8 @@ pub fn problems<T: Float>() -> BoxedStrategy<Problem<T>> {
 /// [`Problem::random`] from a seed (which does not).
 pub fn problems_with<T: Float>(limits: Limits) -> BoxedStrategy<Problem<T>> {
     (problem_shapes(limits), any::<u64>().no_shrink())
-        .prop_filter_map("problem shape must be valid", |(shape, seed)| {
-            Problem::random(&shape, seed).ok()
+        .prop_filter_map("problem shape must be valid", move |(shape, seed)| {
+            Problem::random_placed(&shape, seed, limits.placement).ok()
         })
         .boxed()
 }
@@ -297,7 +377,47 @@ fn mask_value(rng: &mut SplitMix) -> f64 {
 
 /// One offset component for a sample whose base position is `base` on an axis of `size`
 /// pixels: free, integer, half-integer, placed exactly on a border position, or far away.
-fn offset_value(rng: &mut SplitMix, base: f64, size: f64) -> f64 {
+fn offset_value(rng: &mut SplitMix, base: f64, size: f64, placement: Placement) -> f64 {
+    let border = |rng: &mut SplitMix| {
+        // Exactly representable in f32 for the small sizes generated here.
+        let eps = 1.0 / 1024.0;
+        rng.pick([
+            -1.0 - eps,
+            -1.0,
+            -1.0 + eps,
+            -eps,
+            0.0,
+            size - 1.0,
+            size - 1.0 + eps,
+            size - eps,
+            size,
+            size + eps,
+        ]) - base
+    };
+    let far = |rng: &mut SplitMix| {
+        let far = size + 3.0 + rng.int(0, 4);
+        if rng.unit() < 0.5 {
+            far - base
+        } else {
+            -3.0 - rng.int(0, 4) - base
+        }
+    };
+    match placement {
+        Placement::Mixed => {}
+        Placement::Interior => {
+            if size < 2.0 {
+                // No interior away from the borders: half a pixel in.
+                return 0.5 - base;
+            }
+            let cell = rng.int(0, size as i64 - 2);
+            // A multiple of 1/1024, exact in f32.
+            let frac = (rng.uniform(0.05, 0.95) * 1024.0).round() / 1024.0;
+            return cell + frac - base;
+        }
+        Placement::Borders => return border(rng),
+        Placement::Integers => return rng.int(-2, 2),
+        Placement::FarOutside => return far(rng),
+    }
     match rng.unit() {
         u if u < 0.35 => rng.uniform(-2.5, 2.5),
         u if u < 0.5 => rng.int(-2, 2),
@@ -359,6 +479,11 @@ impl<T: Float> Problem<T> {
     ///
     /// Errors if the shape breaks a validation rule.
     pub fn random(shape: &ProblemShape, seed: u64) -> Result<Self> {
+        Self::random_placed(shape, seed, Placement::Mixed)
+    }
+
+    /// [`Problem::random`] with the samples placed by `placement`.
+    pub fn random_placed(shape: &ProblemShape, seed: u64, placement: Placement) -> Result<Self> {
         let g = Geometry::new(shape.input, shape.weight, &shape.params)?;
         let mut rng = SplitMix(seed);
         let input = filled(g.input_shape(), |_| pixel_value(&mut rng));
@@ -374,10 +499,10 @@ impl<T: Float> Problem<T> {
             let (i, j) = (k / g.kw, k % g.kw);
             if ch % 2 == 0 {
                 let base = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64;
-                offset_value(&mut rng, base, g.h as f64)
+                offset_value(&mut rng, base, g.h as f64, placement)
             } else {
                 let base = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64;
-                offset_value(&mut rng, base, g.w as f64)
+                offset_value(&mut rng, base, g.w as f64, placement)
             }
         });
         let mask = shape
@@ -471,51 +596,171 @@ impl<T: Float> Problem<T> {
         Ok(result)
     }
 
-    /// Compares `actual` results with the exact ones under the DESIGN §5 bound for `T`
-    /// ([`Tolerance::bound`]).
-    pub fn report(&self, actual: &[(Output, ArrayViewD<'_, T>)]) -> Result<Report> {
-        self.report_with(actual, &Tolerance::bound::<T>())
+    /// The operands in `f64`.
+    fn operands64(&self) -> Operands64 {
+        let to64 = |a: &Array4<T>| a.mapv(T::to_f64);
+        Operands64 {
+            input: to64(&self.input),
+            offset: to64(&self.offset),
+            mask: self.mask.as_ref().map(to64),
+            weight: to64(&self.weight),
+            bias: self.bias.as_ref().map(|b| b.mapv(T::to_f64)),
+            grad_out: to64(&self.grad_out),
+        }
     }
 
-    /// Compares `actual` results with the exact ones under `tol`.
+    /// Compares `actual` results with the exact ones as [`Oracle`] judges results computed in
+    /// `T` ([`precision_of`]): the DESIGN §5 bound with positions within rounding, and the
+    /// statistical check.
+    pub fn report(&self, actual: &[(Output, ArrayViewD<'_, T>)]) -> Result<Report> {
+        self.report_with_options(actual, &Options::precision(precision_of::<T>()))
+    }
+
+    /// Compares `actual` results with the exact ones as an [`Oracle`] with `options` judges.
+    pub fn report_with_options(
+        &self,
+        actual: &[(Output, ArrayViewD<'_, T>)],
+        options: &Options,
+    ) -> Result<Report> {
+        let o = self.operands64();
+        let oracle = Oracle::new(&o.view(self.params), options)?;
+        let mut report = Report {
+            ambiguous_samples: oracle.ambiguous_samples(),
+            ..Report::default()
+        };
+        for (output, got) in actual {
+            let exact = self.exact(*output)?;
+            let got = got.mapv(T::to_f64);
+            report
+                .tensors
+                .push(oracle.compare(*output, exact.view(), got.view())?);
+        }
+        Ok(report)
+    }
+
+    /// Compares `actual` results with the exact ones under `tol`, at the exact positions.
     pub fn report_with(
         &self,
         actual: &[(Output, ArrayViewD<'_, T>)],
         tol: &Tolerance,
     ) -> Result<Report> {
-        let to64 = |a: &Array4<T>| a.mapv(T::to_f64);
-        let (input, offset, weight, grad_out) = (
-            to64(&self.input),
-            to64(&self.offset),
-            to64(&self.weight),
-            to64(&self.grad_out),
-        );
-        let mask = self.mask.as_ref().map(to64);
-        let bias = self.bias.as_ref().map(|b| b.mapv(T::to_f64));
-        let scales = error_scales(&Operands {
-            input: input.view(),
-            offset: offset.view(),
-            mask: mask.as_ref().map(|m| m.view()),
-            weight: weight.view(),
-            bias: bias.as_ref().map(|b| b.view()),
-            grad_out: Some(grad_out.view()),
-            params: self.params,
-        })?;
+        let o = self.operands64();
+        let scales = error_scales(&o.view(self.params))?;
         let mut report = Report::default();
         for (output, got) in actual {
             let exact = self.exact(*output)?;
             let got = got.mapv(T::to_f64);
-            let scale = scales.get(*output);
-            report.tensors.push(compare_tensor(
+            let expected = Expected {
+                values: exact.view(),
+                scale: scales.get(*output),
+                rms_scale: scales.rms(*output),
+            };
+            report.tensors.push(compare_tensor_within(
                 *output,
-                exact.view(),
+                expected,
+                None,
                 got.view(),
-                scale,
                 tol,
             )?);
         }
         Ok(report)
     }
+
+    /// For a proptest body: `Ok(())` when every given result passes ([`Problem::report`]),
+    /// else a [`TestCaseError::Fail`] carrying the report and the problem's shape (so
+    /// `p.check(results)?` is all a property needs). Takes owned arrays of any dimension.
+    ///
+    /// ```
+    /// use deformconv::testing::{problems, Output, Problem};
+    /// use proptest::prelude::*;
+    ///
+    /// proptest! {
+    ///     #![proptest_config(ProptestConfig::with_cases(4))]
+    ///     fn forward_and_input_gradient(p in problems::<f32>()) {
+    ///         let m = p.mask.as_ref().map(|m| m.view());
+    ///         let b = p.bias.as_ref().map(|b| b.view());
+    ///         let out = deformconv::deform_conv2d(p.input.view(), p.offset.view(), m,
+    ///                                             p.weight.view(), b, &p.params).unwrap();
+    ///         let gi = deformconv::deform_conv2d_grad_input(p.grad_out.view(), p.offset.view(),
+    ///             m, p.weight.view(), [p.input.shape()[0], p.input.shape()[1],
+    ///             p.input.shape()[2], p.input.shape()[3]], &p.params).unwrap();
+    ///         p.check([(Output::Out, out), (Output::GradInput, gi)])?;
+    ///     }
+    /// }
+    /// # fn main() { forward_and_input_gradient(); }
+    /// ```
+    pub fn check<D: Dimension>(
+        &self,
+        results: impl IntoIterator<Item = (Output, ndarray::Array<T, D>)>,
+    ) -> std::result::Result<(), TestCaseError> {
+        let owned: Vec<(Output, ArrayD<T>)> = results
+            .into_iter()
+            .map(|(o, a)| (o, a.into_dyn()))
+            .collect();
+        let views: Vec<(Output, ArrayViewD<'_, T>)> =
+            owned.iter().map(|(o, a)| (*o, a.view())).collect();
+        match self.report(&views) {
+            Ok(report) if report.passed() => Ok(()),
+            Ok(report) => Err(TestCaseError::fail(failure_message(
+                self,
+                &report.to_string(),
+            ))),
+            Err(e) => Err(TestCaseError::fail(failure_message(
+                self,
+                &format!("cannot compare: {e}"),
+            ))),
+        }
+    }
+
+    /// [`Problem::check`] of the gradients a backward returned (those present).
+    pub fn check_grads(&self, grads: &Grads<T>) -> std::result::Result<(), TestCaseError> {
+        let mut results: Vec<(Output, ArrayD<T>)> = Vec::new();
+        let four = [
+            (Output::GradInput, &grads.input),
+            (Output::GradOffset, &grads.offset),
+            (Output::GradMask, &grads.mask),
+            (Output::GradWeight, &grads.weight),
+        ];
+        for (o, g) in four {
+            if let Some(g) = g {
+                results.push((o, g.clone().into_dyn()));
+            }
+        }
+        if let Some(b) = &grads.bias {
+            results.push((Output::GradBias, b.clone().into_dyn()));
+        }
+        self.check(results)
+    }
+}
+
+/// The operands of a [`Problem`] in `f64`.
+struct Operands64 {
+    input: Array4<f64>,
+    offset: Array4<f64>,
+    mask: Option<Array4<f64>>,
+    weight: Array4<f64>,
+    bias: Option<Array1<f64>>,
+    grad_out: Array4<f64>,
+}
+
+impl Operands64 {
+    fn view(&self, params: ConvParams) -> Operands<'_> {
+        Operands {
+            input: self.input.view(),
+            offset: self.offset.view(),
+            mask: self.mask.as_ref().map(|m| m.view()),
+            weight: self.weight.view(),
+            bias: self.bias.as_ref().map(|b| b.view()),
+            grad_out: Some(self.grad_out.view()),
+            params,
+        }
+    }
+}
+
+/// The precision profile of results computed in `T`: [`Precision::F32`] or
+/// [`Precision::F64`].
+pub fn precision_of<T: Float>() -> Precision {
+    Precision::from_name(T::NAME).unwrap_or(Precision::F64)
 }
 
 fn not_defined(output: Output, needs: &str) -> Error {

@@ -122,10 +122,12 @@ fn the_same_shape_and_seed_give_the_same_problem() {
 
 #[test]
 fn limits_control_the_optional_operands() {
-    let mut limits = Limits::default();
-    limits.mask = Presence::Always;
-    limits.bias = Presence::Never;
-    limits.min_batch = 0;
+    let limits = Limits {
+        mask: Presence::Always,
+        bias: Presence::Never,
+        min_batch: 0,
+        ..Limits::default()
+    };
     let mut runner = TestRunner::deterministic();
     for _ in 0..20 {
         let p = problems_with::<f64>(limits)
@@ -231,4 +233,195 @@ fn error_scale_of_a_hand_worked_case() {
     // The bound is c * eps * scale.
     let tol = Tolerance::bound::<f32>();
     assert_eq!(tol.eps, (f32::EPSILON / 2.0) as f64);
+}
+
+// ---- The API as a downstream crate uses it (issue 17) ----
+
+use deformconv::testing::Placement;
+
+/// `Limits` builds with struct update syntax from another crate, and with builder methods.
+#[test]
+fn limits_build_from_another_crate() {
+    let a = Limits {
+        mask: Presence::Never,
+        symmetric_padding_only: true,
+        ..Limits::default()
+    };
+    let b = Limits::default().mask(Presence::Never).symmetric_padding();
+    assert_eq!(a, b);
+    assert_eq!(
+        Limits::default().placement(Placement::Interior).placement,
+        Placement::Interior
+    );
+}
+
+#[test]
+fn symmetric_padding_only_gives_symmetric_padding() {
+    let mut runner = TestRunner::deterministic();
+    let limits = Limits::default().symmetric_padding();
+    let (mut asymmetric_default, mut padded) = (0, 0);
+    for _ in 0..200 {
+        let s = problem_shapes(limits)
+            .new_tree(&mut runner)
+            .unwrap()
+            .current();
+        let p = s.params.padding;
+        assert!(p.top == p.bottom && p.left == p.right, "{p:?}");
+        padded += usize::from(p.top + p.left > 0);
+        let d = problem_shapes(Limits::default())
+            .new_tree(&mut runner)
+            .unwrap()
+            .current()
+            .params
+            .padding;
+        asymmetric_default += usize::from(d.top != d.bottom || d.left != d.right);
+    }
+    assert!(padded > 0 && asymmetric_default > 0);
+}
+
+/// Every sample position of `p` (rows then columns), with the image extent of its axis.
+fn positions(p: &Problem<f64>) -> Vec<(f64, f64)> {
+    let g = p.geometry().unwrap();
+    p.offset
+        .indexed_iter()
+        .map(|((_, ch, y, x), &d)| {
+            let k = (ch / 2) % g.taps();
+            let (i, j) = (k / g.kw, k % g.kw);
+            if ch % 2 == 0 {
+                let base = (y * g.stride_h + i * g.dil_h) as f64 - g.pad_top as f64;
+                (base + d, g.h as f64)
+            } else {
+                let base = (x * g.stride_w + j * g.dil_w) as f64 - g.pad_left as f64;
+                (base + d, g.w as f64)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn placement_targets_where_samples_land() {
+    let mut runner = TestRunner::deterministic();
+    let eps = 1.0 / 1024.0;
+    for placement in [
+        Placement::Interior,
+        Placement::Borders,
+        Placement::Integers,
+        Placement::FarOutside,
+    ] {
+        let limits = Limits::default().placement(placement);
+        let mut seen = 0;
+        for _ in 0..40 {
+            let p = problems_with::<f64>(limits)
+                .new_tree(&mut runner)
+                .unwrap()
+                .current();
+            for ((pos, size), &d) in positions(&p).into_iter().zip(p.offset.iter()) {
+                seen += 1;
+                let ok = match placement {
+                    Placement::Interior => {
+                        size < 2.0
+                            || (pos > 0.0
+                                && pos < size - 1.0
+                                && pos.fract() >= 0.04
+                                && pos.fract() <= 0.96)
+                    }
+                    Placement::Borders => [-1.0, 0.0, size - 1.0, size]
+                        .iter()
+                        .any(|&b| (pos - b).abs() <= eps),
+                    Placement::Integers => d.fract() == 0.0 && d.abs() <= 2.0,
+                    Placement::FarOutside => pos <= -3.0 || pos >= size + 3.0,
+                    Placement::Mixed => true,
+                };
+                assert!(ok, "{placement:?}: position {pos} on an axis of {size}");
+            }
+        }
+        assert!(seen > 100, "{placement:?}: only {seen} samples");
+    }
+}
+
+/// Our fast path, forward and every gradient, as a downstream kernel under test.
+fn fast_all(p: &Problem<f32>) -> (Array4<f32>, deformconv::Grads<f32>) {
+    let m = p.mask.as_ref().map(|m| m.view());
+    let b = p.bias.as_ref().map(|b| b.view());
+    let out = deformconv::deform_conv2d(
+        p.input.view(),
+        p.offset.view(),
+        m,
+        p.weight.view(),
+        b,
+        &p.params,
+    )
+    .unwrap();
+    let mut want = deformconv::Want::ALL;
+    want.mask = p.mask.is_some();
+    want.bias = p.bias.is_some();
+    let grads = deformconv::deform_conv2d_backward(
+        p.grad_out.view(),
+        p.input.view(),
+        p.offset.view(),
+        m,
+        p.weight.view(),
+        &p.params,
+        want,
+    )
+    .unwrap();
+    (out, grads)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The multi-output check takes owned arrays and a `Grads`, and composes with `?`.
+    #[test]
+    fn check_takes_owned_results_and_grads(p in problems::<f32>()) {
+        let (out, grads) = fast_all(&p);
+        p.check([(Output::Out, out)])?;
+        p.check_grads(&grads)?;
+    }
+
+    #[test]
+    fn symmetric_interior_problems_pass_too(
+        p in problems_with::<f32>(Limits::default().symmetric_padding().placement(Placement::Interior))
+    ) {
+        let (out, grads) = fast_all(&p);
+        p.check([(Output::Out, out)])?;
+        p.check_grads(&grads)?;
+    }
+}
+
+#[test]
+fn check_fails_with_the_report_on_a_wrong_gradient() {
+    let mut runner = TestRunner::deterministic();
+    let p = problems_with::<f32>(Limits::default().mask(Presence::Always))
+        .new_tree(&mut runner)
+        .unwrap()
+        .current();
+    let (_, mut grads) = fast_all(&p);
+    grads.mask.as_mut().unwrap()[[0, 0, 0, 0]] += 0.25;
+    match p.check_grads(&grads) {
+        Err(proptest::test_runner::TestCaseError::Fail(msg)) => {
+            let msg = msg.message().to_string();
+            assert!(msg.contains("grad_mask"), "{msg}");
+            assert!(msg.contains("FAIL"), "{msg}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+/// The re-exported `ndarray` is the one the API takes.
+#[test]
+fn ndarray_is_reexported() {
+    let a: deformconv::ndarray::Array4<f32> = deformconv::ndarray::Array4::zeros((1, 1, 2, 2));
+    let w = deformconv::ndarray::Array4::<f32>::ones((1, 1, 1, 1));
+    let off = deformconv::ndarray::Array4::<f32>::zeros((1, 2, 2, 2));
+    let out = deformconv::deform_conv2d(
+        a.view(),
+        off.view(),
+        None,
+        w.view(),
+        None,
+        &ConvParams::default(),
+    )
+    .unwrap();
+    assert_eq!(out.shape(), &[1, 1, 2, 2]);
 }

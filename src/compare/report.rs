@@ -4,7 +4,9 @@ use std::fmt;
 
 use ndarray::{ArrayViewD, Dimension};
 
-use super::{Output, DEFAULT_BOUND_FACTOR};
+use super::{
+    Output, Precision, DEFAULT_BOUND_FACTOR, DEFAULT_STATISTICAL_LIMIT, STATISTICAL_MIN_ELEMENTS,
+};
 use crate::error::{Error, Result};
 use crate::float::Float;
 
@@ -33,6 +35,9 @@ pub struct Tolerance {
     pub bound_factor: f64,
     /// Unit round-off of the precision the compared result was computed in.
     pub eps: f64,
+    /// The statistical check's limit on the RMS of `error / (eps * rms scale)` over a tensor
+    /// ([`TensorReport::statistic`]); `None` turns the check off.
+    pub statistical_limit: Option<f64>,
 }
 
 impl Tolerance {
@@ -47,13 +52,30 @@ impl Tolerance {
             criterion: Criterion::Bound,
             bound_factor: DEFAULT_BOUND_FACTOR,
             eps,
+            statistical_limit: Some(DEFAULT_STATISTICAL_LIMIT),
         }
     }
 
-    /// The same `c` and `eps` (for the reported bound ratio) but `numpy.allclose`'s rule.
+    /// The DESIGN §5 bound and the statistical check for results computed in `precision`
+    /// (`eps` = its unit round-off, see [`Precision`]).
+    pub fn precision(precision: Precision) -> Self {
+        Self::bound_eps(precision.unit_roundoff())
+    }
+
+    /// The same rule with the statistical check's limit set (`None`: no statistical check).
+    pub fn statistical_limit(self, limit: Option<f64>) -> Self {
+        Tolerance {
+            statistical_limit: limit,
+            ..self
+        }
+    }
+
+    /// The same `c` and `eps` (for the reported bound ratio) but `numpy.allclose`'s rule,
+    /// without the statistical check (its figure is still reported when scales are given).
     pub fn allclose(self, rtol: f64, atol: f64) -> Self {
         Tolerance {
             criterion: Criterion::AllClose { rtol, atol },
+            statistical_limit: None,
             ..self
         }
     }
@@ -84,12 +106,12 @@ impl fmt::Display for Tolerance {
 }
 
 fn eps_name(eps: f64) -> String {
-    if eps == f32::EPSILON as f64 / 2.0 {
-        "2^-24".into()
-    } else if eps == f64::EPSILON / 2.0 {
-        "2^-53".into()
-    } else {
-        format!("{eps:e}")
+    match Precision::ALL
+        .into_iter()
+        .find(|p| p.unit_roundoff() == eps)
+    {
+        Some(p) => format!("2^-{}", p.significand_bits()),
+        None => format!("{eps:e}"),
     }
 }
 
@@ -127,12 +149,35 @@ pub struct TensorReport {
     pub max_bound_ratio: Option<f64>,
     /// The rule applied.
     pub tolerance: Tolerance,
+    /// Elements over tolerance against the exact value but within it against the value at the
+    /// sample positions as a kernel of the declared precision rounds them (a sample on the
+    /// other side of an integer or window edge): accepted, see [`Oracle`](super::Oracle).
+    pub accepted_by_rounding: usize,
+    /// The statistical check: the root mean square, over the elements with a finite ratio, of
+    /// `error / (eps * rms scale)` ([`Scales::rms`](super::Scales::rms)); `None` without rms
+    /// scales or elements.
+    pub statistic: Option<f64>,
 }
 
 impl TensorReport {
-    /// Whether every element is within tolerance.
+    /// Whether every element is within tolerance and the statistical check passes.
     pub fn passed(&self) -> bool {
+        self.bound_passed() && self.statistical_passed()
+    }
+
+    /// Whether every element is within tolerance (the per-element rule alone).
+    pub fn bound_passed(&self) -> bool {
         self.over_tolerance == 0
+    }
+
+    /// Whether the statistical check passes: true when it does not apply (no limit, no rms
+    /// scale, or fewer than [`STATISTICAL_MIN_ELEMENTS`](super::STATISTICAL_MIN_ELEMENTS)
+    /// elements), else `statistic <= limit`.
+    pub fn statistical_passed(&self) -> bool {
+        match (self.statistic, self.tolerance.statistical_limit) {
+            (Some(s), Some(limit)) if self.elements() >= STATISTICAL_MIN_ELEMENTS => s <= limit,
+            _ => true,
+        }
     }
 
     /// Elements compared.
@@ -167,11 +212,24 @@ fn ratio(err: f64, allowed: f64) -> f64 {
     }
 }
 
+/// One side of a comparison: exact values and, optionally, their scales.
+#[derive(Debug, Clone)]
+pub struct Expected<'a> {
+    /// The exact values.
+    pub values: ArrayViewD<'a, f64>,
+    /// `L * sum |terms| + P` ([`Scales::get`](super::Scales::get)).
+    pub scale: Option<ArrayViewD<'a, f64>>,
+    /// `sqrt(L * sum terms^2 + P2)` ([`Scales::rms`](super::Scales::rms)), for the statistical
+    /// check.
+    pub rms_scale: Option<ArrayViewD<'a, f64>>,
+}
+
 /// Compares `actual` with `expected` element by element under `tol`.
 ///
 /// `scale` (`L * sum |terms| + P`, from [`error_scales`](super::error_scales)) is required by
 /// [`Criterion::Bound`] and optional otherwise (it then only feeds `max_bound_ratio`). Errors
-/// when the shapes differ or the bound has no scale.
+/// when the shapes differ or the bound has no scale. No statistical check (see
+/// [`compare_tensor_within`] for it).
 ///
 /// ```
 /// use deformconv::compare::{compare_tensor, Output, Tolerance};
@@ -190,49 +248,102 @@ pub fn compare_tensor(
     scale: Option<ArrayViewD<'_, f64>>,
     tol: &Tolerance,
 ) -> Result<TensorReport> {
-    check_same_shape(output, "actual", actual.shape(), expected.shape())?;
-    if let Some(s) = &scale {
-        check_same_shape(output, "error scale", s.shape(), expected.shape())?;
-    }
-    if tol.criterion == Criterion::Bound && scale.is_none() {
-        return Err(Error::Param {
-            name: "tolerance",
-            rule: format!(
-                "the DESIGN §5 bound needs the operands (error scales) to judge {output}"
-            ),
-        });
+    let expected = Expected {
+        values: expected,
+        scale,
+        rms_scale: None,
+    };
+    compare_tensor_within(output, expected, None, actual, tol)
+}
+
+/// Compares `actual` with `expected` element by element under `tol`, accepting an element
+/// also when it is within tolerance of `alternative` (the exact values at the sample positions
+/// as the kernel's precision rounds them, see [`Oracle`](super::Oracle)); such elements are
+/// counted in [`TensorReport::accepted_by_rounding`]. Each element is judged, and enters the
+/// report's figures, on the side where its `error / allowed` is smaller (the exact side on a
+/// tie).
+///
+/// The statistical figure is computed when `expected` has an rms scale: the root mean square
+/// of `error / (eps * rms scale)` over the elements where it is finite (an element with an
+/// error and a zero or NaN scale is left to the per-element rule).
+pub fn compare_tensor_within<'a>(
+    output: Output,
+    expected: Expected<'a>,
+    alternative: Option<Expected<'a>>,
+    actual: ArrayViewD<'_, f64>,
+    tol: &Tolerance,
+) -> Result<TensorReport> {
+    for side in std::iter::once(&expected).chain(alternative.as_ref()) {
+        check_same_shape(output, "actual", actual.shape(), side.values.shape())?;
+        for (what, s) in [("error scale", &side.scale), ("rms scale", &side.rms_scale)] {
+            if let Some(s) = s {
+                check_same_shape(output, what, s.shape(), side.values.shape())?;
+            }
+        }
+        if tol.criterion == Criterion::Bound && side.scale.is_none() {
+            return Err(Error::Param {
+                name: "tolerance",
+                rule: format!(
+                    "the DESIGN §5 bound needs the operands (error scales) to judge {output}"
+                ),
+            });
+        }
     }
     let bound_of = |s: f64| tol.bound_factor * tol.eps * s;
+    let allowed_of = |side: &Expected<'_>, idx: &ndarray::IxDyn, e: f64| match tol.criterion {
+        Criterion::Bound => bound_of(side.scale.as_ref().map_or(f64::NAN, |s| s[idx])),
+        Criterion::AllClose { rtol, atol } => atol + rtol * e.abs(),
+    };
+    // `err` is never NaN; a NaN allowance admits only exact agreement.
+    let fails = |err: f64, allowed: f64| err > 0.0 && (err > allowed || allowed.is_nan());
 
     let mut report = TensorReport {
         output,
-        shape: expected.shape().to_vec(),
+        shape: expected.values.shape().to_vec(),
         max_abs_err: 0.0,
         max_rel_err: 0.0,
         worst: None,
         over_tolerance: 0,
-        max_bound_ratio: scale.as_ref().map(|_| 0.0),
+        max_bound_ratio: expected.scale.as_ref().map(|_| 0.0),
         tolerance: *tol,
+        accepted_by_rounding: 0,
+        statistic: None,
     };
+    let (mut sum_sq, mut counted) = (0.0f64, 0usize);
     let mut worst_key = (f64::NEG_INFINITY, f64::NEG_INFINITY);
-    for ((idx, &e), &a) in expected.indexed_iter().zip(actual.iter()) {
-        let err = element_error(a, e);
-        let s = scale.as_ref().map(|s| s[&idx]);
-        let allowed = match tol.criterion {
-            Criterion::Bound => bound_of(s.unwrap_or(f64::NAN)),
-            Criterion::AllClose { rtol, atol } => atol + rtol * e.abs(),
-        };
+    for ((idx, &e0), &a) in expected.values.indexed_iter().zip(actual.iter()) {
+        let err0 = element_error(a, e0);
+        let allowed0 = allowed_of(&expected, &idx, e0);
+        let mut side = &expected;
+        let (mut e, mut err, mut allowed) = (e0, err0, allowed0);
+        if let Some(alt) = &alternative {
+            let e1 = alt.values[&idx];
+            let err1 = element_error(a, e1);
+            let allowed1 = allowed_of(alt, &idx, e1);
+            if ratio(err1, allowed1) < ratio(err0, allowed0) {
+                if fails(err0, allowed0) && !fails(err1, allowed1) {
+                    report.accepted_by_rounding += 1;
+                }
+                (side, e, err, allowed) = (alt, e1, err1, allowed1);
+            }
+        }
         report.max_abs_err = report.max_abs_err.max(err);
         let rel = if err == 0.0 { 0.0 } else { err / e.abs() };
         report.max_rel_err = report
             .max_rel_err
             .max(if rel.is_nan() { f64::INFINITY } else { rel });
-        // `err` is never NaN; a NaN allowance admits only exact agreement.
-        if err > 0.0 && (err > allowed || allowed.is_nan()) {
+        if fails(err, allowed) {
             report.over_tolerance += 1;
         }
-        if let (Some(best), Some(s)) = (report.max_bound_ratio.as_mut(), s) {
-            *best = best.max(ratio(err, bound_of(s)));
+        if let (Some(best), Some(s)) = (report.max_bound_ratio.as_mut(), &side.scale) {
+            *best = best.max(ratio(err, bound_of(s[&idx])));
+        }
+        if let Some(rms) = &side.rms_scale {
+            let r = ratio(err, tol.eps * rms[&idx]);
+            if r.is_finite() {
+                sum_sq += r * r;
+                counted += 1;
+            }
         }
         let key = (ratio(err, allowed), err);
         if key > worst_key {
@@ -244,6 +355,9 @@ pub fn compare_tensor(
                 allowed,
             });
         }
+    }
+    if expected.rms_scale.is_some() && counted > 0 {
+        report.statistic = Some((sum_sq / counted as f64).sqrt());
     }
     Ok(report)
 }
@@ -263,12 +377,28 @@ fn check_same_shape(output: Output, what: &str, got: &[usize], expected: &[usize
 pub struct Report {
     /// One entry per compared result, in report order.
     pub tensors: Vec<TensorReport>,
+    /// Samples whose exact position and the position as the declared precision forms it lie
+    /// on different sides of an integer or window edge (see [`Oracle`](super::Oracle)); 0 when
+    /// not looked at.
+    pub ambiguous_samples: usize,
 }
 
 impl Report {
-    /// Whether every element of every tensor is within tolerance.
+    /// The overall verdict: every element of every tensor within tolerance
+    /// ([`bound_passed`](Self::bound_passed)) and every tensor's statistical check passed
+    /// ([`statistical_passed`](Self::statistical_passed)).
     pub fn passed(&self) -> bool {
         self.tensors.iter().all(TensorReport::passed)
+    }
+
+    /// Whether every element of every tensor is within tolerance.
+    pub fn bound_passed(&self) -> bool {
+        self.tensors.iter().all(TensorReport::bound_passed)
+    }
+
+    /// Whether every tensor passes the statistical check.
+    pub fn statistical_passed(&self) -> bool {
+        self.tensors.iter().all(TensorReport::statistical_passed)
     }
 
     /// The report of `output`, if it was compared.
@@ -277,7 +407,7 @@ impl Report {
     }
 }
 
-const HEADER: [&str; 9] = [
+const HEADER: [&str; 11] = [
     "tensor",
     "shape",
     "max abs err",
@@ -287,9 +417,11 @@ const HEADER: [&str; 9] = [
     "actual",
     "over tol",
     "err/bound",
+    "by rounding",
+    "rms stat",
 ];
 
-fn row(t: &TensorReport) -> [String; 9] {
+fn row(t: &TensorReport) -> [String; 11] {
     let (index, expected, actual) = match &t.worst {
         Some(w) => (
             format!("{:?}", w.index),
@@ -309,11 +441,17 @@ fn row(t: &TensorReport) -> [String; 9] {
         format!("{}/{}", t.over_tolerance, t.elements()),
         t.max_bound_ratio
             .map_or("n/a".into(), |r| format!("{r:.3e}")),
+        t.accepted_by_rounding.to_string(),
+        match (t.statistic, t.statistical_passed()) {
+            (None, _) => "n/a".into(),
+            (Some(s), true) => format!("{s:.3e}"),
+            (Some(s), false) => format!("{s:.3e} FAIL"),
+        },
     ]
 }
 
 fn write_table(f: &mut fmt::Formatter<'_>, tensors: &[TensorReport]) -> fmt::Result {
-    let rows: Vec<[String; 9]> = tensors.iter().map(row).collect();
+    let rows: Vec<[String; 11]> = tensors.iter().map(row).collect();
     let mut widths = HEADER.map(str::len);
     for r in &rows {
         for (w, cell) in widths.iter_mut().zip(r) {
@@ -357,13 +495,44 @@ impl fmt::Display for Report {
         for rule in rules {
             writeln!(f, "criterion: {rule}")?;
         }
+        let limits: Vec<f64> = self
+            .tensors
+            .iter()
+            .filter_map(|t| t.tolerance.statistical_limit)
+            .collect();
+        if let Some(limit) = limits.first() {
+            writeln!(
+                f,
+                "statistical check: rms of error / (eps * sqrt(L * sum terms^2 + P2)) <= {limit} (tensors of {STATISTICAL_MIN_ELEMENTS}+ elements)"
+            )?;
+        }
+        let accepted: usize = self.tensors.iter().map(|t| t.accepted_by_rounding).sum();
+        if self.ambiguous_samples > 0 || accepted > 0 {
+            writeln!(
+                f,
+                "positions within rounding: {} sample(s) on either side of an integer or edge; {accepted} element(s) accepted at the rounded positions",
+                self.ambiguous_samples
+            )?;
+        }
+        let stat_failed: Vec<&str> = self
+            .tensors
+            .iter()
+            .filter(|t| t.bound_passed() && !t.statistical_passed())
+            .map(|t| t.output.name())
+            .collect();
         let failed: Vec<&str> = self
             .tensors
             .iter()
-            .filter(|t| !t.passed())
+            .filter(|t| !t.bound_passed())
             .map(|t| t.output.name())
             .collect();
-        if failed.is_empty() {
+        if failed.is_empty() && !stat_failed.is_empty() {
+            write!(
+                f,
+                "FAIL (statistical): every element within tolerance, but the error profile of {} is beyond a correctly rounded kernel of this precision",
+                stat_failed.join(", ")
+            )
+        } else if failed.is_empty() {
             write!(
                 f,
                 "PASS: every element of {} tensor(s) within tolerance",

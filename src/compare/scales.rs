@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use ndarray::{Array4, ArrayD, ArrayView1, ArrayView4, ArrayViewD};
 
-use super::Output;
+use super::{Output, Precision};
 use crate::error::Result;
 use crate::geometry::Geometry;
 use crate::params::ConvParams;
-use crate::reference;
+use crate::reference::{self, Coord, SampleSum};
 
 /// The operands of one problem, in `f64` (exact for `f32` data), for [`error_scales`].
 #[derive(Debug, Clone, Copy)]
@@ -31,16 +31,25 @@ pub struct Operands<'a> {
 }
 
 /// `L * sum |terms| + P` for every element of every result the operands define (see the module
-/// docs): multiply by `c * eps` to get the allowed error.
+/// docs): multiply by `c * eps` to get the allowed error. Also the statistical scale
+/// `sqrt(L * sum terms^2 + P2)` of each element ([`Scales::rms`]).
 #[derive(Debug, Clone, Default)]
 pub struct Scales {
     scales: BTreeMap<Output, ArrayD<f64>>,
+    rms: BTreeMap<Output, ArrayD<f64>>,
 }
 
 impl Scales {
     /// The scale array of `output`, shaped like it, if the operands define that result.
     pub fn get(&self, output: Output) -> Option<ArrayViewD<'_, f64>> {
         self.scales.get(&output).map(|a| a.view())
+    }
+
+    /// The statistical (random-walk) scale of `output`, shaped like it:
+    /// `sqrt(L * sum_t term_t^2 + P2)`, with `sum term_t^2` and `P2` the squared
+    /// counterparts of `sum |term_t|` and `P` (see the module docs of [`compare`](super)).
+    pub fn rms(&self, output: Output) -> Option<ArrayViewD<'_, f64>> {
+        self.rms.get(&output).map(|a| a.view())
     }
 
     /// The results with a scale, in report order.
@@ -54,8 +63,25 @@ impl Scales {
 /// multiplied by `c`.
 const IN_TERM: usize = 2;
 
-fn abs4(a: &ArrayView4<'_, f64>) -> Array4<f64> {
-    a.mapv(f64::abs)
+/// How the operands enter a scale: as magnitudes (the worst-case bound) or squared (the
+/// statistical scale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Power {
+    Abs,
+    Square,
+}
+
+impl Power {
+    fn apply(self, v: f64) -> f64 {
+        match self {
+            Power::Abs => v.abs(),
+            Power::Square => v * v,
+        }
+    }
+
+    fn map4(self, a: &ArrayView4<'_, f64>) -> Array4<f64> {
+        a.mapv(|v| self.apply(v))
+    }
 }
 
 fn dims(shape: &[usize]) -> [usize; 4] {
@@ -64,10 +90,25 @@ fn dims(shape: &[usize]) -> [usize; 4] {
 
 /// The scales `L * sum |terms| + P` of every result defined by `ops` (see the module docs of
 /// [`compare`](super)): `out` always, the gradients when `grad_out` is given (`grad_mask` only
-/// with a mask, `grad_bias` only with a bias).
+/// with a mask, `grad_bias` only with a bias); and their statistical counterparts
+/// `sqrt(L * sum terms^2 + P2)`.
 ///
-/// Validates the operands like every entry point and returns the same errors.
+/// Runs in parallel (the [`reference`](mod@crate::reference) oracle's sums), bitwise the same
+/// for any number of threads. Validates the operands like every entry point and returns the
+/// same errors.
 pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
+    scales_with(ops, None)
+}
+
+/// [`error_scales`] for a kernel of `precision`: `P` (and `P2`) count only the coordinates
+/// that `precision` cannot form exactly (`precision.position(base, d) != base + d`), since an
+/// exactly formed position moves nothing. Integer and half-integer positions, for instance,
+/// add no `P` in any profile.
+pub fn error_scales_for(ops: &Operands<'_>, precision: Precision) -> Result<Scales> {
+    scales_with(ops, Some(precision))
+}
+
+fn scales_with(ops: &Operands<'_>, precision: Option<Precision>) -> Result<Scales> {
     let p = &ops.params;
     let g = Geometry::new(dims(ops.input.shape()), dims(ops.weight.shape()), p)?;
     g.check_offset(ops.offset.shape())?;
@@ -80,14 +121,30 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
     if let Some(go) = &ops.grad_out {
         g.check_out("grad_out", go.shape())?;
     }
+    let scales = scale_sums(ops, &g, Power::Abs, precision)?;
+    let rms = scale_sums(ops, &g, Power::Square, precision)?
+        .into_iter()
+        .map(|(o, a)| (o, a.mapv(f64::sqrt)))
+        .collect();
+    Ok(Scales { scales, rms })
+}
 
-    let input = abs4(&ops.input);
-    let weight = abs4(&ops.weight);
-    let mask = ops.mask.as_ref().map(abs4);
-    let bias = ops.bias.map(|b| b.mapv(f64::abs));
+/// `L * S + P` per element, with `S` the sum of the terms' `power` (magnitudes or squares)
+/// and `P` the position-rounding part on the same power.
+fn scale_sums(
+    ops: &Operands<'_>,
+    g: &Geometry,
+    power: Power,
+    precision: Option<Precision>,
+) -> Result<BTreeMap<Output, ArrayD<f64>>> {
+    let p = &ops.params;
+    let input = power.map4(&ops.input);
+    let weight = power.map4(&ops.weight);
+    let mask = ops.mask.as_ref().map(|m| power.map4(m));
+    let bias = ops.bias.map(|b| b.mapv(|v| power.apply(v)));
     let offset = ops.offset;
     let mv = mask.as_ref().map(|m| m.view());
-    let cells = CellCentres::new(&g, &offset, mv.as_ref());
+    let cells = CellCentres::new(g, &offset, ops.mask.as_ref(), power, precision);
     let (off_c, mask_c) = (cells.offset.view(), cells.mask.view());
     let mut scales = BTreeMap::new();
 
@@ -99,13 +156,13 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
     scales.insert(Output::Out, (out * l_out + out_pos).into_dyn());
 
     let Some(grad_out) = &ops.grad_out else {
-        return Ok(Scales { scales });
+        return Ok(scales);
     };
-    let grad_out = abs4(grad_out);
+    let grad_out = power.map4(grad_out);
     let gv = grad_out.view();
 
     let mut gi = reference::grad_input(gv, offset, mv, weight.view(), g.input_shape(), p)?;
-    let counts = samples_per_pixel(&g, &offset);
+    let counts = samples_per_pixel(g, &offset, p.convention);
     for ((n, c, r, s), v) in gi.indexed_iter_mut() {
         let og = c / g.c_per_offset_group();
         *v *= (g.c_out_per_group() * counts[[n, og, r, s]] + IN_TERM) as f64;
@@ -113,20 +170,28 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
     gi += &reference::grad_input(gv, off_c, Some(mask_c), weight.view(), g.input_shape(), p)?;
     scales.insert(Output::GradInput, gi.into_dyn());
 
-    // Per sample: sum_c |gcol| * (sum of the four corners |v|) / 4.
+    // Per sample: sum_c gcol * (sum of the four corners) / 4, on the powered operands.
     let corner_sums = reference::grad_mask(gv, input.view(), off_c, weight.view(), p)?;
     let l_group = (g.c_per_offset_group() * g.c_out_per_group() + IN_TERM) as f64;
-    let mut go = offset_magnitudes(&g, &input, &offset, mv.as_ref(), &weight, &grad_out) * l_group;
+    let mut go = reference::sample_sums(
+        SampleSum::OffsetMagnitude,
+        gv,
+        input.view(),
+        offset,
+        mv,
+        weight.view(),
+        p,
+    )? * l_group;
     for ((n, ch, y, x), v) in go.indexed_iter_mut() {
         let sample = [n, ch / 2, y, x];
-        let m = mv.as_ref().map_or(1.0, |m| m[sample]);
+        let m = ops.mask.as_ref().map_or(1.0, |m| m[sample].abs());
         // A rounding of px moves Wy, one of py moves Wx, by at most the corner sum.
         let moved = if ch % 2 == 0 {
             cells.abs_px[sample]
         } else {
             cells.abs_py[sample]
         };
-        *v += 4.0 * m * moved * corner_sums[sample];
+        *v += power.apply(4.0 * m * moved) * corner_sums[sample];
     }
     scales.insert(Output::GradOffset, go.into_dyn());
 
@@ -134,7 +199,8 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
         let mut gm = reference::grad_mask(gv, input.view(), offset, weight.view(), p)? * l_group;
         for ((n, k, y, x), v) in gm.indexed_iter_mut() {
             let sample = [n, k, y, x];
-            *v += 4.0 * (cells.abs_py[sample] + cells.abs_px[sample]) * corner_sums[sample];
+            let moved = cells.abs_py[sample] + cells.abs_px[sample];
+            *v += power.apply(4.0 * moved) * corner_sums[sample];
         }
         scales.insert(Output::GradMask, gm.into_dyn());
     }
@@ -149,26 +215,33 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
         let gb = reference::grad_bias(gv)?;
         scales.insert(Output::GradBias, (gb * l_batch).into_dyn());
     }
-    Ok(Scales { scales })
+    Ok(scales)
 }
 
 /// Every sample moved to the centre of its bilinear cell, `(floor(py) + 1/2, floor(px) + 1/2)`,
-/// where each of its four corners weighs exactly 1/4, with a mask `4 |m| (|py| + |px|)`: the
-/// oracle run on these operands sums `|m| (|py| + |px|) * (sum of the corners' |v|)`, the
-/// change a rounding of the sample position by `eps (|py| + |px|)` can make, over the terms.
+/// where each of its four corners weighs exactly 1/4, with a mask `power(4 |m| (|py| + |px|))`:
+/// the oracle run on these operands sums `|m| (|py| + |px|) * (sum of the corners' |v|)` (or
+/// its squared counterpart), the change a rounding of the sample position by
+/// `eps (|py| + |px|)` can make, over the terms.
 struct CellCentres {
     /// Offsets that put each sample at its cell centre (NaN stays NaN, infinities stay).
     offset: Array4<f64>,
-    /// `4 |m| (|py| + |px|)` per sample.
+    /// `power(4 |m| (|py| + |px|))` per sample.
     mask: Array4<f64>,
-    /// `|py|` per sample, mask-shaped.
+    /// `|py|` per sample (0 where the precision forms `py` exactly), mask-shaped.
     abs_py: Array4<f64>,
-    /// `|px|` per sample, mask-shaped.
+    /// `|px|` likewise.
     abs_px: Array4<f64>,
 }
 
 impl CellCentres {
-    fn new(g: &Geometry, offset: &ArrayView4<'_, f64>, mask: Option<&ArrayView4<'_, f64>>) -> Self {
+    fn new(
+        g: &Geometry,
+        offset: &ArrayView4<'_, f64>,
+        mask: Option<&ArrayView4<'_, f64>>,
+        power: Power,
+        precision: Option<Precision>,
+    ) -> Self {
         let mut centred = offset.to_owned();
         let mut cell_mask = Array4::<f64>::zeros(g.mask_shape());
         let mut abs_py = Array4::<f64>::zeros(g.mask_shape());
@@ -189,13 +262,27 @@ impl CellCentres {
                             for x in 0..g.w_out {
                                 let (py, px) = position(g, offset, (n, og, i, j, y, x));
                                 let (dy, dx) = (2 * ch, 2 * ch + 1);
+                                // |p|, or 0 where the precision forms p exactly.
+                                let moved = |p: f64, base: usize, pad: usize, d: f64| {
+                                    let base = base as f64 - pad as f64;
+                                    match precision {
+                                        Some(prec) if prec.position(base, d) - base == d => 0.0,
+                                        _ => p.abs(),
+                                    }
+                                };
+                                let (by, bx) =
+                                    (y * g.stride_h + i * g.dil_h, x * g.stride_w + j * g.dil_w);
+                                let (my, mx) = (
+                                    moved(py, by, g.pad_top, offset[[n, dy, y, x]]),
+                                    moved(px, bx, g.pad_left, offset[[n, dx, y, x]]),
+                                );
                                 centred[[n, dy, y, x]] = centre(py, offset[[n, dy, y, x]]);
                                 centred[[n, dx, y, x]] = centre(px, offset[[n, dx, y, x]]);
-                                let m = mask.map_or(1.0, |m| m[[n, ch, y, x]]);
+                                let m = mask.map_or(1.0, |m| m[[n, ch, y, x]].abs());
                                 let sample = [n, ch, y, x];
-                                abs_py[sample] = py.abs();
-                                abs_px[sample] = px.abs();
-                                cell_mask[sample] = 4.0 * m * (py.abs() + px.abs());
+                                abs_py[sample] = my;
+                                abs_px[sample] = mx;
+                                cell_mask[sample] = power.apply(4.0 * m * (my + mx));
                             }
                         }
                     }
@@ -211,7 +298,8 @@ impl CellCentres {
     }
 }
 
-/// Sample position `(py, px)` of tap `(i, j)` of offset group `og` at output `(y, x)`.
+/// Sample position `(py, px)` of tap `(i, j)` of offset group `og` at output `(y, x)`, in `f64`
+/// (for the scales only: rounding here moves a bound by a relative `2^-53`).
 fn position(
     g: &Geometry,
     offset: &ArrayView4<'_, f64>,
@@ -224,29 +312,40 @@ fn position(
     (py, px)
 }
 
-/// For every `(n, offset group, r, s)`: how many samples (taps times output pixels) of that
-/// group read pixel `(r, s)` as one of their four corners. Samples outside the
-/// `-1 < p < size` window (or NaN) read nothing.
-fn samples_per_pixel(g: &Geometry, offset: &ArrayView4<'_, f64>) -> Array4<usize> {
+/// For every `(n, offset group, r, s)`: how many corner reads (taps times output pixels times
+/// corners) of samples of that group land on pixel `(r, s)`, by the convention's window and
+/// corners (exact positions).
+fn samples_per_pixel(
+    g: &Geometry,
+    offset: &ArrayView4<'_, f64>,
+    conv: crate::Convention,
+) -> Array4<usize> {
     let mut counts = Array4::<usize>::zeros((g.n, g.offset_groups, g.h, g.w));
     let (h, w) = (g.h as f64, g.w as f64);
+    let base = |out: usize, stride: usize, pad: usize, tap: usize, dil: usize| {
+        out as i128 * stride as i128 - pad as i128 + tap as i128 * dil as i128
+    };
     for n in 0..g.n {
         for og in 0..g.offset_groups {
             for i in 0..g.kh {
                 for j in 0..g.kw {
+                    let ch = og * g.taps() + i * g.kw + j;
                     for y in 0..g.h_out {
                         for x in 0..g.w_out {
-                            let (py, px) = position(g, offset, (n, og, i, j, y, x));
-                            // NaN fails every comparison, so it is outside too.
-                            if !(py > -1.0 && py < h && px > -1.0 && px < w) {
+                            let py = Coord::new(
+                                base(y, g.stride_h, g.pad_top, i, g.dil_h),
+                                offset[[n, 2 * ch, y, x]],
+                            );
+                            let px = Coord::new(
+                                base(x, g.stride_w, g.pad_left, j, g.dil_w),
+                                offset[[n, 2 * ch + 1, y, x]],
+                            );
+                            let Some(cs) = reference::corners(conv, g.h, g.w, py, px) else {
                                 continue;
-                            }
-                            let (y0, x0) = (py.floor(), px.floor());
-                            for r in [y0, y0 + 1.0] {
-                                for s in [x0, x0 + 1.0] {
-                                    if r >= 0.0 && r < h && s >= 0.0 && s < w {
-                                        counts[[n, og, r as usize, s as usize]] += 1;
-                                    }
+                            };
+                            for (r, s, _) in cs {
+                                if r >= 0.0 && r < h && s >= 0.0 && s < w {
+                                    counts[[n, og, r as usize, s as usize]] += 1;
                                 }
                             }
                         }
@@ -256,81 +355,4 @@ fn samples_per_pixel(g: &Geometry, offset: &ArrayView4<'_, f64>) -> Array4<usize
         }
     }
     counts
-}
-
-/// `sum_{c in g} sum_{o in group(c)} |weight| |grad_out| |m| A(c)` for both offset channels of
-/// every sample, with `A_y = lx (|v11| + |v01|) + (1 - lx)(|v10| + |v00|)` and
-/// `A_x = ly (|v11| + |v10|) + (1 - ly)(|v01| + |v00|)` (corners outside the image read 0;
-/// no window cut-off, like the gradient itself). Operands are already absolute values.
-fn offset_magnitudes(
-    g: &Geometry,
-    input: &Array4<f64>,
-    offset: &ArrayView4<'_, f64>,
-    mask: Option<&ArrayView4<'_, f64>>,
-    weight: &Array4<f64>,
-    grad_out: &Array4<f64>,
-) -> Array4<f64> {
-    let mut mags = Array4::<f64>::zeros(g.offset_shape());
-    let (h, w) = (g.h as f64, g.w as f64);
-    let pixel = |n: usize, c: usize, r: f64, s: f64| {
-        if r >= 0.0 && r < h && s >= 0.0 && s < w {
-            input[[n, c, r as usize, s as usize]]
-        } else {
-            0.0
-        }
-    };
-    for n in 0..g.n {
-        for og in 0..g.offset_groups {
-            for i in 0..g.kh {
-                for j in 0..g.kw {
-                    let ch = og * g.taps() + i * g.kw + j;
-                    for y in 0..g.h_out {
-                        for x in 0..g.w_out {
-                            let (py, px) = position(g, offset, (n, og, i, j, y, x));
-                            let m = mask.map_or(1.0, |m| m[[n, ch, y, x]]);
-                            let (ay, ax) = if py.is_nan() || px.is_nan() {
-                                (f64::NAN, f64::NAN)
-                            } else if py.is_infinite() || px.is_infinite() {
-                                (0.0, 0.0)
-                            } else {
-                                let (y0, x0) = (py.floor(), px.floor());
-                                let (ly, lx) = (py - y0, px - x0);
-                                let channels =
-                                    og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
-                                let (mut sy, mut sx) = (0.0, 0.0);
-                                for c in channels {
-                                    let v00 = pixel(n, c, y0, x0);
-                                    let v01 = pixel(n, c, y0, x0 + 1.0);
-                                    let v10 = pixel(n, c, y0 + 1.0, x0);
-                                    let v11 = pixel(n, c, y0 + 1.0, x0 + 1.0);
-                                    let gc =
-                                        column_magnitude(g, weight, grad_out, (n, c, i, j, y, x));
-                                    sy += gc * (lx * (v11 + v01) + (1.0 - lx) * (v10 + v00));
-                                    sx += gc * (ly * (v11 + v10) + (1.0 - ly) * (v01 + v00));
-                                }
-                                (sy, sx)
-                            };
-                            mags[[n, 2 * ch, y, x]] = m * ay;
-                            mags[[n, 2 * ch + 1, y, x]] = m * ax;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    mags
-}
-
-/// `sum_{o in group(c)} |weight[o, c', i, j]| |grad_out[n, o, y, x]|` (operands already absolute).
-fn column_magnitude(
-    g: &Geometry,
-    weight: &Array4<f64>,
-    grad_out: &Array4<f64>,
-    (n, c, i, j, y, x): (usize, usize, usize, usize, usize, usize),
-) -> f64 {
-    let group = c / g.c_in_per_group();
-    let ci = c % g.c_in_per_group();
-    (group * g.c_out_per_group()..(group + 1) * g.c_out_per_group())
-        .map(|o| weight[[o, ci, i, j]] * grad_out[[n, o, y, x]])
-        .sum()
 }
