@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use deformconv::compare::Output;
+use deformconv::compare::{Output, Precision};
 
 /// Deformable convolution on the CPU: time the workloads of the users' reports, compute a
 /// case's results (fast or exact), and judge another implementation's results.
@@ -76,6 +76,21 @@ pub struct CompareArgs {
     /// The constant c of the error bound c * L * eps * sum|terms|.
     #[arg(long, value_parser = non_negative)]
     pub bound_factor: Option<f64>,
+    /// The precision the kernel under test computes in (f64, f32, tf32, bf16, f16): sets the
+    /// unit roundoff of the bound. Default: the sidecar's "precision", else ACTUAL's dtype.
+    #[arg(long, value_parser = precision_name)]
+    pub precision: Option<Precision>,
+    /// The exact sample positions everywhere: no second side where the declared precision
+    /// rounds a position across an integer or a window edge.
+    #[arg(long)]
+    pub strict_positions: bool,
+    /// Judge by the per-element bound alone, without the statistical check of the error
+    /// profile.
+    #[arg(long)]
+    pub no_statistical: bool,
+    /// Also write the report as JSON to this file (every figure of the table and the verdicts).
+    #[arg(long, value_name = "REPORT.json")]
+    pub json: Option<PathBuf>,
     /// Compare only these results (comma-separated: out, grad_input, grad_offset, grad_mask,
     /// grad_weight, grad_bias); by default every result of EXPECTED must be in ACTUAL.
     #[arg(long, value_delimiter = ',', value_parser = output_name)]
@@ -91,6 +106,11 @@ pub struct BenchArgs {
     /// Timed runs per measurement; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
+}
+
+fn precision_name(s: &str) -> Result<Precision, String> {
+    Precision::from_name(s)
+        .ok_or_else(|| format!("{s:?} is not a precision; expected f64, f32, tf32, bf16 or f16"))
 }
 
 fn output_name(s: &str) -> Result<Output, String> {

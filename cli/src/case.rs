@@ -15,6 +15,7 @@
 
 use std::path::{Path, PathBuf};
 
+use deformconv::compare::Precision;
 use deformconv::{ConvParams, Convention, Geometry, Padding};
 use ndarray::{Array1, Array4, ArrayD, Ix1, Ix4};
 use serde_json::{json, Value};
@@ -41,6 +42,8 @@ pub struct Case<T> {
     pub params: ConvParams,
     /// The checked geometry.
     pub geometry: Geometry,
+    /// The precision the kernel under test computes in, if the sidecar declares it.
+    pub precision: Option<Precision>,
 }
 
 /// A case in the element type of its arrays.
@@ -65,6 +68,7 @@ pub fn has_operands(npz: &Npz) -> bool {
 /// The parameters as read from the sidecar, before the offset groups are known.
 struct JsonParams {
     params: ConvParams,
+    precision: Option<Precision>,
     offset_groups: Option<usize>,
     has_mask: Option<bool>,
     has_bias: Option<bool>,
@@ -175,11 +179,21 @@ pub fn convention_name(c: Convention) -> &'static str {
 }
 
 const KNOWN_KEYS: &str =
-    "stride, padding, dilation, groups, offset_groups, has_mask, has_bias, convention";
+    "stride, padding, dilation, groups, offset_groups, has_mask, has_bias, convention, precision";
+
+fn precision(v: &Value) -> Result<Precision, String> {
+    v.as_str().and_then(Precision::from_name).ok_or_else(|| {
+        format!(
+            "precision must be \"f64\", \"f32\", \"tf32\", \"bf16\" or \"f16\", got {}",
+            short(v)
+        )
+    })
+}
 
 fn parse_params(entries: &[(String, Value)]) -> Result<JsonParams, String> {
     let mut p = JsonParams {
         params: ConvParams::default(),
+        precision: None,
         offset_groups: None,
         has_mask: None,
         has_bias: None,
@@ -202,6 +216,7 @@ fn parse_params(entries: &[(String, Value)]) -> Result<JsonParams, String> {
             "has_mask" => p.has_mask = Some(flag(key, v)?),
             "has_bias" => p.has_bias = Some(flag(key, v)?),
             "convention" => p.params = p.params.convention(convention(v)?),
+            "precision" => p.precision = Some(precision(v)?),
             other => {
                 let mut shown: String = other.chars().take(40).collect();
                 if shown.len() < other.len() {
@@ -250,9 +265,10 @@ fn padding(v: &Value) -> Result<Padding, String> {
     Ok(Padding::symmetric(h, w))
 }
 
-/// The sidecar JSON of `params` (golden format; padding as an object only when asymmetric;
-/// the convention only when it is not torchvision's).
-pub fn params_json(params: &ConvParams, has_mask: bool, has_bias: bool) -> Value {
+/// The sidecar JSON of a case (golden format; padding as an object only when asymmetric; the
+/// convention only when it is not torchvision's, the precision when one was declared).
+pub fn params_json<T>(c: &Case<T>) -> Value {
+    let (params, has_mask, has_bias) = (&c.params, c.mask.is_some(), c.bias.is_some());
     let p = params.padding;
     let padding = if p.top == p.bottom && p.left == p.right {
         json!([p.top, p.left])
@@ -270,6 +286,9 @@ pub fn params_json(params: &ConvParams, has_mask: bool, has_bias: bool) -> Value
     });
     if params.convention != Convention::Torchvision {
         v["convention"] = json!(convention_name(params.convention));
+    }
+    if let Some(p) = c.precision {
+        v["precision"] = json!(p.name());
     }
     v
 }
@@ -349,6 +368,7 @@ fn build_case(npz: &mut Npz, json: JsonParams, json_path: &Path) -> Outcome<AnyC
         file: &file,
         json_offset_groups: json.offset_groups,
         params: json.params,
+        precision: json.precision,
     };
     Ok(match input {
         AnyArray::F32(_) => AnyCase::F32(ctx.build(take)?),
@@ -360,6 +380,7 @@ struct Context<'a> {
     file: &'a str,
     json_offset_groups: Option<usize>,
     params: ConvParams,
+    precision: Option<Precision>,
 }
 
 /// The expected rank and axes of each operand, for messages.
@@ -461,6 +482,7 @@ impl Context<'_> {
             grad_out,
             params,
             geometry,
+            precision: self.precision,
         })
     }
 }
@@ -498,6 +520,7 @@ impl<T: Element> Case<T> {
             grad_out: self.grad_out.as_ref().map(w),
             params: self.params,
             geometry: self.geometry,
+            precision: self.precision,
         }
     }
 }

@@ -105,7 +105,7 @@ fn write_case<T: Element, R: Element>(
     }
     let npz = npz::to_bytes(&arrays)
         .map_err(|e| Failure::bad(format!("{}: cannot write: {e}", args.out.display())))?;
-    let json = case::params_json(&c.params, c.mask.is_some(), c.bias.is_some());
+    let json = case::params_json(c);
     let json_path = case::sidecar(&args.out);
     output::write_all_or_nothing(&[
         (&args.out, &npz),

@@ -328,3 +328,120 @@ fn missing_results_fail_unless_excluded_and_rtol_needs_no_sidecar() {
     // Without --rtol the broken sidecar is a bad file.
     expect_one_line(&run(&["compare", e, a, "--only", "out"]), "not valid JSON");
 }
+
+/// Rewrites every float array of `src` through `f` into `dst` (float32 kept float32).
+fn map_npz(src: &Path, dst: &Path, keep: &[&str], f: impl Fn(f32) -> f32) {
+    let mut r = ndarray_npy::NpzReader::new(fs::File::open(src).unwrap()).unwrap();
+    let mut w = ndarray_npy::NpzWriter::new(fs::File::create(dst).unwrap());
+    for name in r.names().unwrap() {
+        if !keep.contains(&name.as_str()) {
+            continue;
+        }
+        let a: ndarray::ArrayD<f64> = r.by_name(&name).unwrap();
+        w.add_array(name.as_str(), &a.mapv(|v| f(v as f32)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// bf16 rounding of an f32 (to nearest, ties to even; finite inputs).
+fn bf16(v: f32) -> f32 {
+    let b = v.to_bits();
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+    f32::from_bits(rounded)
+}
+
+#[test]
+fn precision_profiles_from_the_flag_or_the_sidecar_and_a_json_report() {
+    let dir = scratch("precision");
+    let case = golden("groups2.npz");
+    let exact = dir.join("exact.npz");
+    let c = case.to_str().unwrap();
+    let made = run(&["run", c, "-o", exact.to_str().unwrap(), "--exact"]);
+    assert_eq!(made.status.code(), Some(0));
+    // Results stored in bf16 (then widened to f32): a bf16 kernel's output.
+    let mine = dir.join("mine.npz");
+    let results = [
+        "out",
+        "grad_input",
+        "grad_offset",
+        "grad_mask",
+        "grad_weight",
+        "grad_bias",
+    ];
+    map_npz(&exact, &mine, &results, bf16);
+    let (e, a) = (exact.to_str().unwrap(), mine.to_str().unwrap());
+    let as_f32 = run(&["compare", e, a]);
+    assert_eq!(as_f32.status.code(), Some(1), "bf16 results pass as f32");
+    let report = dir.join("report.json");
+    let as_bf16 = run(&[
+        "compare",
+        e,
+        a,
+        "--precision",
+        "bf16",
+        "--json",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(as_bf16.status.code(), Some(0), "{}", text(&as_bf16.stdout));
+    let v: serde_json::Value = serde_json::from_str(&fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(v["passed"], true);
+    assert_eq!(v["precision"], "bf16");
+    assert_eq!(v["tensors"].as_array().unwrap().len(), results.len());
+    assert!(v["tensors"][0]["err_over_bound"].as_f64().unwrap() <= 1.0);
+    // The same declared in the expected file's sidecar.
+    let json = dir.join("exact.json");
+    let mut params: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&json).unwrap()).unwrap();
+    params["precision"] = "bf16".into();
+    fs::write(&json, params.to_string()).unwrap();
+    let declared = run(&["compare", e, a]);
+    assert_eq!(
+        declared.status.code(),
+        Some(0),
+        "{}",
+        text(&declared.stdout)
+    );
+    assert!(text(&declared.stdout).contains("precision bf16 (declared)"));
+}
+
+#[test]
+fn an_mmcv_kernel_passes_under_its_convention_and_fails_under_torchvision() {
+    let dir = scratch("convention");
+    // Samples exactly on -1 and H - 1: where mmcv's offset gradient differs.
+    let case = dir.join("oob.npz");
+    fs::copy(golden("oob_boundary.npz"), &case).unwrap();
+    let tv = fs::read_to_string(golden("oob_boundary.json")).unwrap();
+    let mut mmcv: serde_json::Value = serde_json::from_str(&tv).unwrap();
+    mmcv["convention"] = "mmcv".into();
+    let (c, dir_s) = (case.to_str().unwrap(), dir.to_str().unwrap());
+    let path = |n: &str| format!("{dir_s}/{n}");
+    // "The kernel under test": our fast path under mmcv's convention, in f64.
+    fs::write(dir.join("oob.json"), mmcv.to_string()).unwrap();
+    assert_eq!(
+        run(&["run", c, "-o", &path("mine.npz")]).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        run(&["run", c, "-o", &path("exact_mmcv.npz"), "--exact"])
+            .status
+            .code(),
+        Some(0)
+    );
+    fs::write(dir.join("oob.json"), &tv).unwrap();
+    assert_eq!(
+        run(&["run", c, "-o", &path("exact_tv.npz"), "--exact"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let same = run(&["compare", &path("exact_mmcv.npz"), &path("mine.npz")]);
+    assert_eq!(same.status.code(), Some(0), "{}", text(&same.stdout));
+    let other = run(&["compare", &path("exact_tv.npz"), &path("mine.npz")]);
+    assert_eq!(other.status.code(), Some(1), "{}", text(&other.stdout));
+    assert!(
+        text(&other.stdout).contains("tensor(s): grad_offset"),
+        "{}",
+        text(&other.stdout)
+    );
+}
