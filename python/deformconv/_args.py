@@ -108,6 +108,8 @@ def array(name: str, x, ndim: int, dtype=None) -> np.ndarray:
             raise ValueError(f"{name} is on {x.device}; deformconv computes on the CPU")
         x = x.detach()
     a = np.asarray(x)
+    if not a.dtype.isnative and a.dtype.newbyteorder("=") in _FLOATS:
+        a = a.astype(a.dtype.newbyteorder("="))
     if a.dtype not in _FLOATS:
         raise TypeError(f"{name} has dtype {a.dtype}; expected float32 or float64")
     if dtype is not None and a.dtype != dtype:
@@ -116,8 +118,6 @@ def array(name: str, x, ndim: int, dtype=None) -> np.ndarray:
         raise ValueError(
             f"{name} has {a.ndim} dimensions (shape {a.shape}); expected {ndim}: {AXES.get(name, '')}".rstrip(": ")
         )
-    if not a.dtype.isnative:
-        a = a.astype(a.dtype.newbyteorder("="))
     return a
 
 

@@ -1,0 +1,45 @@
+"""Shared fixtures: the repository's golden cases and a seeded generator."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import deformconv
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "data" / "golden"
+
+
+def golden_names():
+    return sorted(p.stem for p in GOLDEN.glob("*.npz"))
+
+
+def load_golden(name):
+    """``(arrays, params)`` of one golden case: torchvision float64 results (see its README)."""
+    with np.load(GOLDEN / f"{name}.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads((GOLDEN / f"{name}.json").read_text())
+    params = dict(
+        stride=tuple(meta["stride"]),
+        padding=tuple(meta["padding"]),
+        dilation=tuple(meta["dilation"]),
+        groups=meta["groups"],
+        offset_groups=meta["offset_groups"],
+    )
+    assert ("mask" in arrays) == meta["has_mask"], name
+    assert ("bias" in arrays) == meta["has_bias"], name
+    return arrays, params
+
+
+@pytest.fixture(autouse=True, scope="session")
+def two_threads():
+    """The suite runs on two threads (the CI machine's cores); one test changes it and restores it."""
+    deformconv.set_num_threads(2)
+    yield
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20260503)
