@@ -73,9 +73,11 @@ impl Params {
             "torchvision" => Convention::Torchvision,
             "mmcv" => Convention::Mmcv,
             "dcn_v1" => Convention::DcnV1,
-            other => return Err(PyValueError::new_err(format!(
+            other => {
+                return Err(PyValueError::new_err(format!(
                 "convention: unknown {other:?}; expected \"torchvision\", \"mmcv\" or \"dcn_v1\""
-            ))),
+            )))
+            }
         };
         Ok(ConvParams::default()
             .stride(self.0, self.1)
@@ -114,7 +116,7 @@ fn is_f32(a: &Bound<'_, PyAny>) -> PyResult<bool> {
 type Arr4<'py, T> = PyReadonlyArray4<'py, T>;
 
 fn arr4<'py, T: Elem>(a: &Bound<'py, PyAny>) -> PyResult<Arr4<'py, T>> {
-    Ok(a.extract()?)
+    a.extract()
 }
 
 fn opt4<'py, T: Elem>(a: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Arr4<'py, T>>> {
@@ -122,7 +124,7 @@ fn opt4<'py, T: Elem>(a: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Arr4<'py
 }
 
 fn opt1<'py, T: Elem>(a: Option<&Bound<'py, PyAny>>) -> PyResult<Option<PyReadonlyArray1<'py, T>>> {
-    a.map(|a| a.extract().map_err(PyErr::from)).transpose()
+    a.map(|a| a.extract()).transpose()
 }
 
 fn out<T: Elem, D: ndarray::Dimension>(py: Python<'_>, a: ndarray::Array<T, D>) -> Py<PyAny> {
