@@ -7,6 +7,8 @@
 //! needs), releases the GIL, runs in the module's rayon pool (see [`set_num_threads`]) and
 //! turns every `deformconv::Error` into a `ValueError` carrying the crate's message.
 
+mod omp;
+
 use std::sync::{Arc, RwLock};
 
 use deformconv::compare::{compare_tensor, error_scales, Operands, Output, Report, Tolerance};
@@ -41,12 +43,16 @@ fn pool() -> Option<Arc<rayon::ThreadPool>> {
     POOL.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-/// Runs `f` without the GIL, in the module's pool.
+/// Runs `f` without the GIL: on the OpenMP threads when [`use_openmp`] is on, else in the
+/// module's pool.
 fn compute<R: Send>(py: Python<'_>, f: impl FnOnce() -> R + Send) -> R {
     let pool = pool();
-    py.detach(move || match pool {
-        Some(p) => p.install(f),
-        None => f(),
+    py.detach(move || match omp::run(f) {
+        Ok(r) => r,
+        Err(f) => match pool {
+            Some(p) => p.install(f),
+            None => f(),
+        },
     })
 }
 
@@ -884,10 +890,22 @@ fn set_num_threads(n: usize) -> PyResult<()> {
 /// The number of threads computations run on.
 #[pyfunction]
 fn get_num_threads() -> usize {
+    if let Some(n) = omp::threads() {
+        return n;
+    }
     match pool() {
         Some(p) => p.current_num_threads(),
         None => rayon::current_num_threads(),
     }
+}
+
+/// Runs the computations on the process's OpenMP threads (those of the libgomp PyTorch loads,
+/// as many as `omp_get_max_threads()`, which `torch.set_num_threads` sets) instead of on
+/// deformconv's own pool, so that the two do not compete for the cores; `False` turns it off.
+/// Returns whether it is on (never when no libgomp is loaded).
+#[pyfunction]
+fn use_openmp(on: bool) -> bool {
+    omp::set_enabled(on)
 }
 
 /// Frees the scratch the kernels keep between calls (up to 32 MiB per thread).
@@ -913,6 +931,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(release_cached_scratch, m)?)?;
+    m.add_function(wrap_pyfunction!(use_openmp, m)?)?;
     m.add(
         "DEFAULT_BOUND_FACTOR",
         deformconv::compare::DEFAULT_BOUND_FACTOR,

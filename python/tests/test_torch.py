@@ -274,3 +274,22 @@ def test_torch_errors_carry_the_crates_message():
     with dct.use_for_torchvision():
         with pytest.raises(ValueError, match=re.escape("mask has 5 channels; expected")):
             torchvision.ops.deform_conv2d(x, torch.zeros(2, 18, 4, 4), w, mask=torch.zeros(2, 5, 4, 4))
+
+
+def test_openmp_hosting_gives_the_same_bits_and_errors():
+    """`_native.use_openmp(True)` runs the kernels on PyTorch's OpenMP threads (libgomp is loaded
+    with torch): same results, same errors, and back to deformconv's pool when turned off."""
+    from deformconv import _native
+
+    x, off, weight, mask, bias, kw = make(CONFIGS[0], torch.float32)
+    want = dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+    try:
+        assert _native.use_openmp(True), "libgomp not found in a process that imported torch"
+        assert deformconv.get_num_threads() == torch.get_num_threads()
+        got = dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+        assert torch.equal(got, want)
+        with pytest.raises(ValueError, match="offset has 10 channels"):
+            dct.deform_conv2d(x, off[:, :10], weight, bias, mask=mask, **kw)
+    finally:
+        _native.use_openmp(False)
+    assert deformconv.get_num_threads() == 2
