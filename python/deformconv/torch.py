@@ -18,7 +18,11 @@ costs nothing.
 Threads: our kernels run on deformconv's rayon pool (``RAYON_NUM_THREADS``, else one thread per
 core; `deformconv.set_num_threads` to change it), not on PyTorch's intra-op pool, which
 ``torch.set_num_threads`` sets. Set both to the number of cores you want used: the two pools
-take turns (PyTorch's layers, then ours), they do not run at the same time.
+take turns (PyTorch's layers, then ours), they do not run at the same time. But libgomp's idle
+threads spin for milliseconds after each PyTorch operator and then compete with ours;
+`use_openmp` (experimental, off by default) runs our kernels on PyTorch's OpenMP threads
+instead, as many as ``torch.get_num_threads()``: seed 001's training step 13.2 ms instead of
+15.7 ms on 2 cores (``benches/torch_bench.py``).
 """
 
 
@@ -32,7 +36,7 @@ from torch.nn.modules.utils import _pair
 
 from . import _args, _native
 
-__all__ = ["DeformConv2d", "deform_conv2d", "use_for_torchvision", "restore_torchvision"]
+__all__ = ["DeformConv2d", "deform_conv2d", "use_for_torchvision", "restore_torchvision", "use_openmp"]
 
 _SUPPORTED = (torch.float32, torch.float64)
 
@@ -259,6 +263,14 @@ class DeformConv2d(nn.Module):
         s += ", bias=False" if self.bias is None else ""
         s += f", convention={self.convention!r}" if self.convention != "torchvision" else ""
         return s
+
+
+def use_openmp(on: bool = True) -> bool:
+    """Runs deformconv's kernels on the OpenMP threads PyTorch uses (its libgomp team, as many
+    as ``torch.get_num_threads()``) instead of deformconv's own rayon pool, so that the two do
+    not compete for the cores; ``use_openmp(False)`` goes back. Results are bitwise the same.
+    Returns whether it is on (never without a libgomp in the process)."""
+    return _native.use_openmp(bool(on))
 
 
 # ---------------------------------------------------------------------------------------------

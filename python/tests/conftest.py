@@ -5,8 +5,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import settings
 
 import deformconv
+
+# The suite is deterministic: Hypothesis draws the same examples on every run (a random run
+# found the case pinned in test_hypothesis.py::test_known_false_alarm_*, which belongs to the
+# oracle's issue 17, not to a change under test).
+settings.register_profile("deformconv-ci", derandomize=True, database=None, deadline=None)
+settings.load_profile("deformconv-ci")
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "data" / "golden"
