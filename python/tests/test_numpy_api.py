@@ -211,8 +211,7 @@ def test_results_do_not_depend_on_the_thread_count(rng):
 
 
 def test_the_gil_is_released_while_computing(rng):
-    """A Python thread keeps running while another thread is inside a long oracle call."""
-    ops, params, g = problem(rng, dtype=np.float64, n=2, c_in=16, c_out=16, h=24, w=24, groups=1, og=1)
+    """A Python thread keeps running while another thread is inside one long oracle call."""
     done = threading.Event()
     ticks = []
 
@@ -223,13 +222,20 @@ def test_the_gil_is_released_while_computing(rng):
 
     t = threading.Thread(target=count)
     t.start()
-    start = time.perf_counter()
-    bwd(reference, ops, params, g, needs=("weight", "offset"))
-    elapsed = time.perf_counter() - start
-    done.set()
-    t.join()
+    try:
+        # Grow the problem until one call lasts long enough to tell (the oracle's speed varies).
+        for n in (2, 8, 32, 128):
+            ops, params, g = problem(rng, dtype=np.float64, n=n, c_in=16, c_out=16, h=24, w=24, groups=1, og=1)
+            start = time.perf_counter()
+            bwd(reference, ops, params, g, needs=("weight", "offset", "input"))
+            elapsed = time.perf_counter() - start
+            if elapsed > 0.1:
+                break
+    finally:
+        done.set()
+        t.join()
     during = [x for x in ticks if start < x < start + elapsed]
-    assert elapsed > 0.05, f"the call is too short to tell ({elapsed:.3f} s)"
+    assert elapsed > 0.1, f"the call is too short to tell ({elapsed:.3f} s)"
     # Holding the GIL would starve the counter for the whole call.
     assert len(during) >= 10, f"{len(during)} ticks in {elapsed:.3f} s"
 
