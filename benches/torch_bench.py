@@ -15,7 +15,7 @@ batch of 64 28x28 images, median over --steps steps after warm-up:
   (d) torchvision.ops.DeformConv2d after deformconv.torch.use_for_torchvision();
   (e) the floor: the deformable conv swapped for a dense conv, the offset conv kept (its output
       enters the loss with weight 0, so its forward and backward run).
-Part 2, W1, W2, W4 (the workloads of the Rust benches, `src/bin/deformconv/bench.rs`): forward,
+Part 2, W1, W2, W4 (the workloads of the Rust benches and of `cargo run --release -- bench`): forward,
 and forward + every gradient (autograd, inputs requiring grad), through our torch op and
 torchvision's; and the numpy API's forward and full backward, to set beside
 `cargo run --release -- bench` (the Python boundary's cost).
@@ -138,7 +138,7 @@ def seed001(steps):
 # Part 2: W1, W2, W4
 # ---------------------------------------------------------------------------------------------
 
-# name, N, C_in, C_out, H, W, k, stride, pad, offset_groups, mask, bias (benches/workloads/mod.rs)
+# name, N, C_in, C_out, H, W, k, stride, pad, offset_groups, mask, bias (the Rust benches' workloads)
 WORKLOADS = [
     ("W1", 64, 8, 16, 14, 14, 3, 1, 0, 1, False, True),
     ("W2", 16, 512, 512, 7, 7, 3, 1, 1, 4, False, False),
