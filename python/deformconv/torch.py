@@ -1,0 +1,369 @@
+"""PyTorch: deformconv's CPU kernels as ``torch.library`` custom ops with autograd.
+
+- `deform_conv2d`: ``torchvision.ops.deform_conv2d``'s signature (plus a keyword-only
+  ``convention``; ``padding`` may also be ``(top, bottom, left, right)``);
+- `DeformConv2d`: ``torchvision.ops.DeformConv2d``'s constructor, parameters (``weight``,
+  ``bias``) and initialisation, so a ``state_dict`` loads either way;
+- `use_for_torchvision`: our CPU kernels for torchvision's own ``torchvision::deform_conv2d``
+  and ``torchvision::_deform_conv2d_backward`` operators, so an unchanged model built on
+  ``torchvision.ops`` gets them; `restore_torchvision` (or the handle's ``undo()``, or leaving
+  its ``with`` block) puts torchvision's kernels back.
+
+The ops are ``torch.ops.deformconv.deform_conv2d`` and ``torch.ops.deformconv.deform_conv2d_backward``
+(CPU only; float32 and float64). They pass ``torch.library.opcheck`` and run under
+``torch.compile``. The backward computes only the gradients autograd asks for
+(``ctx.needs_input_grad``): an offset branch that is frozen, or an input that needs no gradient,
+costs nothing.
+
+Threads: our kernels run on deformconv's rayon pool (``RAYON_NUM_THREADS``, else one thread per
+core; `deformconv.set_num_threads` to change it), not on PyTorch's intra-op pool, which
+``torch.set_num_threads`` sets. Set both to the number of cores you want used: the two pools
+take turns (PyTorch's layers, then ours), they do not run at the same time. But libgomp's idle
+threads spin for milliseconds after each PyTorch operator and then compete with ours;
+`use_openmp` (experimental, off by default) runs our kernels on PyTorch's OpenMP threads
+instead, as many as ``torch.get_num_threads()``: seed 001's training step 13.2 ms instead of
+15.7 ms on 2 cores (``benches/torch_bench.py``).
+"""
+
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn import init
+from torch.nn.modules.utils import _pair
+
+from . import _args, _native
+
+__all__ = ["DeformConv2d", "deform_conv2d", "use_for_torchvision", "restore_torchvision", "use_openmp"]
+
+_SUPPORTED = (torch.float32, torch.float64)
+
+
+def _np(t: Tensor):
+    """A numpy view of a CPU tensor (no copy, whatever its strides)."""
+    return t.detach().numpy()
+
+
+def _check_dtype(t: Tensor, name: str):
+    if t.dtype not in _SUPPORTED:
+        raise TypeError(f"{name} has dtype {t.dtype}; deformconv computes in torch.float32 or torch.float64")
+
+
+def _out_extent(size, before, after, k, dil, stride):
+    return (size + before + after - (dil * (k - 1) + 1)) // stride + 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom ops. `params` is [stride_h, stride_w, top, bottom, left, right, dil_h, dil_w,
+# groups, offset_groups].
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("deformconv::deform_conv2d", mutates_args=(), device_types="cpu")
+def _deform_conv2d_op(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    mask: Optional[Tensor],
+    bias: Optional[Tensor],
+    params: list[int],
+    convention: str,
+) -> Tensor:
+    out = _native.deform_conv2d(
+        _np(input),
+        _np(offset),
+        None if mask is None else _np(mask),
+        _np(weight),
+        None if bias is None else _np(bias),
+        (*params, convention),
+    )
+    return torch.from_numpy(out)
+
+
+@_deform_conv2d_op.register_fake
+def _(input, offset, weight, mask, bias, params, convention):
+    sh, sw, top, bottom, left, right, dh, dw = params[:8]
+    h_out = _out_extent(input.shape[2], top, bottom, weight.shape[2], dh, sh)
+    w_out = _out_extent(input.shape[3], left, right, weight.shape[3], dw, sw)
+    return input.new_empty((input.shape[0], weight.shape[0], h_out, w_out))
+
+
+@torch.library.custom_op("deformconv::deform_conv2d_backward", mutates_args=(), device_types="cpu")
+def _deform_conv2d_backward_op(
+    grad_out: Tensor,
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    mask: Optional[Tensor],
+    params: list[int],
+    convention: str,
+    needs: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(grad_input, grad_offset, grad_mask, grad_weight, grad_bias)``; an empty tensor (shape
+    ``[0]``) for each gradient whose ``needs`` flag (same order) is false."""
+    grads = _native.backward(
+        _np(grad_out),
+        _np(input),
+        _np(offset),
+        None if mask is None else _np(mask),
+        _np(weight),
+        (*params, convention),
+        tuple(needs),
+    )
+    return tuple(input.new_empty(0) if g is None else torch.from_numpy(g) for g in grads)
+
+
+@_deform_conv2d_backward_op.register_fake
+def _(grad_out, input, offset, weight, mask, params, convention, needs):
+    n_taps = weight.shape[2] * weight.shape[3]
+    og = params[9]
+    shapes = (
+        input.shape,
+        offset.shape,
+        (offset.shape[0], og * n_taps, offset.shape[2], offset.shape[3]),
+        weight.shape,
+        (weight.shape[0],),
+    )
+    return tuple(input.new_empty(s if need else (0,)) for s, need in zip(shapes, needs))
+
+
+def _setup_context(ctx, inputs, output):
+    input, offset, weight, mask, bias, params, convention = inputs
+    ctx.save_for_backward(input, offset, weight, mask)
+    ctx.params = params
+    ctx.convention = convention
+    ctx.has_mask = mask is not None
+    ctx.has_bias = bias is not None
+
+
+def _backward(ctx, grad):
+    input, offset, weight, mask = ctx.saved_tensors
+    gi, go, gw, gm, gb = ctx.needs_input_grad[:5]
+    needs = [gi, go, gm and ctx.has_mask, gw, gb and ctx.has_bias]
+    if not any(needs):
+        return None, None, None, None, None, None, None
+    r = _deform_conv2d_backward_op(grad, input, offset, weight, mask, ctx.params, ctx.convention, needs)
+    pick = [r[i] if needs[i] else None for i in range(5)]
+    # The op's order is (input, offset, mask, weight, bias); the forward's (input, offset,
+    # weight, mask, bias).
+    return pick[0], pick[1], pick[3], pick[2], pick[4], None, None
+
+
+_deform_conv2d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision's signature
+# ---------------------------------------------------------------------------------------------
+
+
+def deform_conv2d(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    stride=(1, 1),
+    padding=(0, 0),
+    dilation=(1, 1),
+    mask: Optional[Tensor] = None,
+    *,
+    convention: str = "torchvision",
+) -> Tensor:
+    """``torchvision.ops.deform_conv2d`` computed by deformconv (CPU, float32 or float64), with
+    autograd. Same arguments, same results within float rounding; groups and offset groups are
+    inferred from the shapes as torchvision does. ``convention``: ``"torchvision"``,
+    ``"mmcv"`` or ``"dcn_v1"``. Bad shapes raise ``ValueError`` with the crate's message."""
+    for name, t in (("input", input), ("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
+        if t is None:
+            continue
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} is on {t.device}; deformconv computes on the CPU")
+        _check_dtype(t, name)
+        if t.dtype != input.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}; expected {input.dtype}, the dtype of input")
+        want = 1 if name == "bias" else 4
+        if t.dim() != want:
+            raise ValueError(
+                f"{name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected {want}: {_args.AXES[name]}"
+            )
+    groups = input.shape[1] // weight.shape[1] if weight.shape[1] else 1
+    taps = 2 * weight.shape[2] * weight.shape[3]
+    offset_groups = offset.shape[1] // taps if taps else 1
+    p = _args.params(stride, padding, dilation, max(groups, 1), max(offset_groups, 1), convention)
+    return _deform_conv2d_op(input, offset, weight, mask, bias, list(p[:10]), p[10])
+
+
+class DeformConv2d(nn.Module):
+    """``torchvision.ops.DeformConv2d`` on deformconv's kernels: the same constructor,
+    parameters (``weight [out, in / groups, kh, kw]``, ``bias [out]`` or ``None``), initialisation
+    and ``forward(input, offset, mask=None)``, so a ``state_dict`` moves between the two
+    unchanged. ``convention`` (keyword-only) picks the border rule."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+        *,
+        convention: str = "torchvision",
+    ):
+        super().__init__()
+        if in_channels % groups != 0:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups != 0:
+            raise ValueError("out_channels must be divisible by groups")
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _pair(kernel_size)
+        self.stride = _pair(stride)
+        self.padding = _pair(padding) if not (isinstance(padding, (tuple, list)) and len(padding) == 4) else tuple(padding)
+        self.dilation = _pair(dilation)
+        self.groups = groups
+        self.convention = _args.convention(convention)
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_channels))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torchvision's initialisation: Kaiming-uniform weight, bias uniform in ``±1/sqrt(fan_in)``."""
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            bound = 1 / math.sqrt(fan_in)
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input: Tensor, offset: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return deform_conv2d(
+            input,
+            offset,
+            self.weight,
+            self.bias,
+            stride=self.stride,
+            padding=self.padding,
+            dilation=self.dilation,
+            mask=mask,
+            convention=self.convention,
+        )
+
+    def extra_repr(self) -> str:
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        s += f", padding={self.padding}" if self.padding != (0, 0) else ""
+        s += f", dilation={self.dilation}" if self.dilation != (1, 1) else ""
+        s += f", groups={self.groups}" if self.groups != 1 else ""
+        s += ", bias=False" if self.bias is None else ""
+        s += f", convention={self.convention!r}" if self.convention != "torchvision" else ""
+        return s
+
+
+def use_openmp(on: bool = True) -> bool:
+    """Runs deformconv's kernels on the OpenMP threads PyTorch uses (its libgomp team, as many
+    as ``torch.get_num_threads()``) instead of deformconv's own rayon pool, so that the two do
+    not compete for the cores; ``use_openmp(False)`` goes back. Results are bitwise the same.
+    Returns whether it is on (never without a libgomp in the process)."""
+    return _native.use_openmp(bool(on))
+
+
+# ---------------------------------------------------------------------------------------------
+# torchvision's operators on our kernels
+# ---------------------------------------------------------------------------------------------
+
+
+def _tv_params(sh, sw, ph, pw, dh, dw, groups, og):
+    return (sh, sw, ph, ph, pw, pw, dh, dw, groups, og, "torchvision")
+
+
+def _tv_forward(input, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, og, use_mask):
+    for name, t in (("input", input), ("weight", weight), ("offset", offset), ("bias", bias)):
+        _check_dtype(t, name)
+    out = _native.deform_conv2d(
+        _np(input),
+        _np(offset),
+        _np(mask) if use_mask else None,
+        _np(weight),
+        _np(bias),
+        _tv_params(sh, sw, ph, pw, dh, dw, groups, og),
+    )
+    return torch.from_numpy(out)
+
+
+def _tv_backward(grad, input, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, og, use_mask):
+    for name, t in (("grad", grad), ("input", input), ("weight", weight), ("offset", offset)):
+        _check_dtype(t, name)
+    gi, go, gm, gw, gb = _native.backward(
+        _np(grad),
+        _np(input),
+        _np(offset),
+        _np(mask) if use_mask else None,
+        _np(weight),
+        _tv_params(sh, sw, ph, pw, dh, dw, groups, og),
+        (True, True, bool(use_mask), True, True),
+    )
+    t = torch.from_numpy
+    grad_mask = t(gm) if use_mask else torch.zeros_like(mask)
+    # torchvision's order: (input, weight, offset, mask, bias).
+    return t(gi), t(gw), t(go), grad_mask, t(gb)
+
+
+class TorchvisionOverride:
+    """The handle `use_for_torchvision` returns: ``undo()`` (or leaving a ``with`` block)
+    restores torchvision's own CPU kernels."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    @property
+    def active(self) -> bool:
+        return self._lib is not None and _override is self
+
+    def undo(self) -> None:
+        global _override
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None
+        if _override is self:
+            _override = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.undo()
+        return False
+
+
+_override: Optional[TorchvisionOverride] = None
+
+
+def use_for_torchvision() -> TorchvisionOverride:
+    """Registers deformconv's kernels as the CPU kernels of ``torchvision::deform_conv2d`` and
+    ``torchvision::_deform_conv2d_backward``: ``torchvision.ops.deform_conv2d`` and
+    ``torchvision.ops.DeformConv2d`` then compute with them on CPU tensors (float32, float64)
+    through torchvision's own autograd, with no change to the model. CUDA tensors keep
+    torchvision's kernels. Idempotent; returns a handle whose ``undo()`` restores torchvision's
+    kernels (also a context manager). PyTorch prints a warning that a kernel was overridden."""
+    global _override
+    if _override is not None:
+        return _override
+    import torchvision  # noqa: F401  (loads torchvision's operators, which we override)
+
+    lib = torch.library.Library("torchvision", "IMPL")
+    lib.impl("deform_conv2d", _tv_forward, "CPU")
+    lib.impl("_deform_conv2d_backward", _tv_backward, "CPU")
+    _override = TorchvisionOverride(lib)
+    return _override
+
+
+def restore_torchvision() -> None:
+    """Undoes `use_for_torchvision` (nothing if it is not in effect)."""
+    if _override is not None:
+        _override.undo()
