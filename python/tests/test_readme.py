@@ -37,3 +37,12 @@ def test_readme_example_runs(index):
             assert tests, "the Hypothesis example defines a test"
     finally:
         restore_torchvision()
+
+
+def test_the_main_readme_shows_only_tested_examples():
+    """README.md's Python section repeats the first example: it must be text of this file."""
+    main = (REPO / "README.md").read_text()
+    shown = re.findall(r"```python\n(.*?)```", main, re.S)
+    assert shown, "README.md has a Python example"
+    for block in shown:
+        assert block in README.read_text(), block[:200]
