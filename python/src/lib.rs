@@ -4,7 +4,7 @@
 //! pair parameters, inferred groups, dtype and rank checks with readable messages) and calls
 //! these functions with numpy arrays that are already `float32` or `float64` and of the right
 //! rank. Each function borrows the arrays (any strides: the crate copies only what its layout
-//! needs), releases the GIL, runs in the module's rayon pool (see [`set_num_threads`]) and
+//! needs), releases the GIL, runs in the module's rayon pool (see `set_num_threads`) and
 //! turns every `deformconv::Error` into a `ValueError` carrying the crate's message.
 
 mod omp;
