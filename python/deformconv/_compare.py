@@ -16,7 +16,20 @@ DEFAULT_BOUND_FACTOR: float = _native.DEFAULT_BOUND_FACTOR
 
 RESULTS = ("out", "grad_input", "grad_offset", "grad_mask", "grad_weight", "grad_bias")
 
-_EPS = {np.dtype(np.float32): _native.EPS_F32, np.dtype(np.float64): _native.EPS_F64}
+PRECISIONS = ("f64", "f32", "tf32", "bf16", "f16")
+"""The precision profiles of ``precision=`` (unit round-off 2^-53, 2^-24, 2^-11, 2^-8, 2^-11)."""
+
+# The profile of each dtype a result can have (numpy or torch names).
+_DTYPE_PRECISION = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+_ALIASES = {
+    **_DTYPE_PRECISION,
+    **{p: p for p in PRECISIONS},
+    "double": "f64",
+    "float": "f32",
+    "half": "f16",
+}
+# A unit round-off given as a number: 2^-11 is both tf32's and f16's, so it must be named.
+_ROUNDOFF = {2.0**-53: "f64", 2.0**-24: "f32", 2.0**-8: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +48,20 @@ class TensorReport:
     elements: int
     max_bound_ratio: Optional[float]
     """``max error / (c * eps * scale)``: at most 1 means every element is within the bound."""
+    accepted_by_rounding: int
+    """Elements over tolerance against the exact value but within it against the value at the
+    sample positions as the declared precision rounds them (a sample on the other side of an
+    integer or window edge once rounded): accepted, not counted in ``over_tolerance``."""
+    statistic: Optional[float]
+    """The statistical check's figure: the RMS over elements of ``error / (eps * rms scale)``
+    (``None`` when it cannot be formed)."""
+    bound_passed: bool
+    """Every element within the per-element bound (or the ``rtol``/``atol`` rule)."""
+    statistical_passed: bool
+    """The statistical check passes (also true when it is off or does not apply: fewer than 64
+    elements, or ``rtol``/``atol`` given)."""
     passed: bool
+    """``bound_passed and statistical_passed``."""
     criterion: str
     worst_index: Optional[tuple] = None
     """The element with the largest ``error / allowed`` (``None`` for an empty tensor)."""
@@ -50,12 +76,26 @@ class Report:
     ``deformconv compare`` (worst index, both values, count over tolerance, err/bound)."""
 
     tensors: tuple
+    ambiguous_samples: int
+    """Samples whose exact position and the position as the declared precision forms it lie on
+    different sides of an integer or window edge (0 with ``strict_positions=True``)."""
     text: str = field(repr=False)
 
     @property
     def passed(self) -> bool:
-        """Whether every element of every tensor is within tolerance."""
+        """Whether every element of every tensor is within tolerance and every tensor passes the
+        statistical check."""
         return all(t.passed for t in self.tensors)
+
+    @property
+    def bound_passed(self) -> bool:
+        """Whether every element of every tensor is within tolerance."""
+        return all(t.bound_passed for t in self.tensors)
+
+    @property
+    def statistical_passed(self) -> bool:
+        """Whether every tensor passes the statistical check."""
+        return all(t.statistical_passed for t in self.tensors)
 
     def __getitem__(self, name: str) -> TensorReport:
         for t in self.tensors:
@@ -87,21 +127,42 @@ def _as_numpy(name: str, a):
     return np.asarray(a)
 
 
-def _eps(name: str, a, precision) -> float:
-    if precision is not None:
-        if isinstance(precision, float):
-            return precision
-        dt = np.dtype(precision)
-        if dt not in _EPS:
-            raise ValueError(f"precision: {precision!r} is not float32, float64 or a unit round-off (float)")
-        return _EPS[dt]
-    dt = a.dtype
-    if dt not in _EPS:
+def _precision(precision) -> Optional[str]:
+    """``precision=`` as a profile name (``None``: each result's dtype decides)."""
+    if precision is None:
+        return None
+    if isinstance(precision, float):
+        if precision in _ROUNDOFF:
+            return _ROUNDOFF[precision]
         raise ValueError(
-            f"{name} has dtype {dt}: the bound knows float32 and float64; pass precision= "
-            "(a dtype, or the unit round-off the kernel computed with, e.g. 2**-11 for float16)"
+            f"precision: {precision!r} is not the unit round-off of a profile (2**-53, 2**-24, 2**-8); "
+            f"name the profile instead: one of {', '.join(PRECISIONS)}"
+            + (" (2**-11 is both tf32 and f16)" if precision == 2.0**-11 else "")
         )
-    return _EPS[dt]
+    if isinstance(precision, str):
+        name = precision.lower()
+    elif type(precision).__module__ == "torch":  # a torch dtype
+        name = str(precision).replace("torch.", "")
+    else:
+        try:
+            name = np.dtype(precision).name
+        except TypeError:
+            name = repr(precision)
+    if name not in _ALIASES:
+        raise ValueError(
+            f"precision: {precision!r} is not a precision profile; expected one of {', '.join(PRECISIONS)} "
+            "(or float32, float64, float16, bfloat16 as a name or dtype)"
+        )
+    return _ALIASES[name]
+
+
+def _dtype_precision(name: str, dtype: str) -> str:
+    if dtype not in _DTYPE_PRECISION:
+        raise ValueError(
+            f"{name} has dtype {dtype}: the bound knows float64, float32, float16 and bfloat16; "
+            f"pass precision= (one of {', '.join(PRECISIONS)})"
+        )
+    return _DTYPE_PRECISION[dtype]
 
 
 def compare(
@@ -124,6 +185,8 @@ def compare(
     rtol=None,
     atol=None,
     bound_factor=DEFAULT_BOUND_FACTOR,
+    strict_positions=False,
+    statistical=True,
 ) -> Report:
     """Compares a kernel's results with the exact ones, element by element.
 
@@ -134,11 +197,21 @@ def compare(
     gradients. The exact results come from the f64 oracle, or from ``expected`` (a mapping of the
     same names) where given.
 
-    Rule: DESIGN §5's per-element bound ``|actual - exact| <= c * eps * (L * sum|terms| + P)``
-    with ``c = bound_factor`` and ``eps`` the unit round-off of each result's dtype (float32:
-    2^-24, float64: 2^-53) unless ``precision`` (a dtype, or ``eps`` itself) says otherwise.
-    With ``rtol``/``atol``, numpy's ``allclose`` rule decides instead (the bound ratio is still
-    reported). Returns a `Report`; `assert_close` raises when it fails.
+    Rule (the same as ``deformconv compare``): DESIGN §5's per-element bound
+    ``|actual - exact| <= c * u * (L * sum|terms| + P)`` with ``c = bound_factor`` and ``u`` the
+    unit round-off of the precision the kernel computed in: ``precision`` — a profile name
+    (``"f64"``, ``"f32"``, ``"tf32"``, ``"bf16"``, ``"f16"``: u = 2^-53, 2^-24, 2^-11, 2^-8,
+    2^-11), a numpy or torch dtype, or u itself (2**-53, 2**-24, 2**-8) — or, by default, each
+    result's dtype (float64, float32, float16, bfloat16). Where that precision rounds a sample
+    position ``base + offset`` across an integer or window edge, the value and derivative of
+    either side are accepted (``Report.ambiguous_samples``, ``TensorReport.accepted_by_rounding``);
+    ``strict_positions=True`` keeps the exact positions everywhere. Beside the bound, a
+    statistical check (``statistical=False`` turns it off) fails a tensor of 64+ elements whose
+    RMS of ``error / (u * rms scale)`` exceeds 1: the error profile of a kernel that computes in
+    a lower precision than declared (e.g. an "f32" kernel using TF32 or fp16 accumulation on a
+    large layer). With ``rtol``/``atol``, numpy's ``allclose`` rule decides instead (no positions
+    within rounding, no statistical check; the bound ratio is still reported). Returns a
+    `Report`; `assert_close` raises when it fails.
     """
     results = _results(actual)
     if not results:
@@ -152,6 +225,7 @@ def compare(
     og = 1 if off is None else _args.infer_offset_groups(off.shape[1], w.shape, offset_groups)
     p = _args.params(stride, padding, dilation, _args.infer_groups(x, w, groups), og, convention)
 
+    declared = _precision(precision)
     got = []
     for name, a in results.items():
         if name not in RESULTS:
@@ -159,19 +233,18 @@ def compare(
         a = _as_numpy(name, a)
         if isinstance(a, tuple):  # a torch tensor of a dtype numpy cannot hold
             t, dt = a
-            if precision is None:
-                raise ValueError(
-                    f"{name} has dtype {dt}: the bound knows float32 and float64; pass precision= "
-                    "(a dtype, or the unit round-off the kernel computed with, e.g. 2**-8 for bfloat16)"
-                )
+            prec = declared or _dtype_precision(name, dt)
             a = t.double().numpy()
-        eps = _eps(name, a, precision)
-        got.append((name, np.ascontiguousarray(a, dtype=np.float64), eps))
+        else:
+            prec = declared or _dtype_precision(name, a.dtype.name)
+        got.append((name, np.ascontiguousarray(a, dtype=np.float64), prec))
     exp = [(k, np.asarray(v, dtype=np.float64)) for k, v in _results(expected or {}).items()]
     allclose = None
     if rtol is not None or atol is not None:
         allclose = (float(rtol or 0.0), float(atol or 0.0))
-    rows, text = _native.compare(got, exp, x, off, m, w, b, g, p, float(bound_factor), allclose)
+    rows, ambiguous, text = _native.compare(
+        got, exp, x, off, m, w, b, g, p, float(bound_factor), allclose, bool(strict_positions), bool(statistical)
+    )
     tensors = []
     for r in rows:
         r = dict(r)
@@ -179,12 +252,13 @@ def compare(
         if "worst_index" in r:
             r["worst_index"] = tuple(r["worst_index"])
         tensors.append(TensorReport(**r))
-    return Report(tuple(tensors), text)
+    return Report(tuple(tensors), ambiguous, text)
 
 
 def assert_close(actual, **problem) -> Report:
     """`compare`, raising ``AssertionError`` with the report (the worst element's index, both
-    values and its error relative to the bound) unless every element passes. Returns the
+    values and its error relative to the bound, the statistical figure) unless every element
+    and the statistical check pass. Returns the
     report. Takes the same arguments as `compare`."""
     __tracebackhide__ = True  # pytest shows the caller's line
     report = compare(actual, **problem)

@@ -223,18 +223,46 @@ class Problem:
         names += ["grad_bias"] if self.bias is not None else []
         return tuple(names)
 
-    def report(self, precision=None, bound_factor=DEFAULT_BOUND_FACTOR, **actual) -> Report:
+    def report(
+        self,
+        precision=None,
+        bound_factor=DEFAULT_BOUND_FACTOR,
+        strict_positions=False,
+        statistical=True,
+        **actual,
+    ) -> Report:
         """`deformconv.compare` of the named results (``out=...``, ``grad_input=...``, ...) with
         the oracle's."""
-        return compare(actual, precision=precision, bound_factor=bound_factor, **self.operands(), **self.params())
+        return compare(
+            actual,
+            precision=precision,
+            bound_factor=bound_factor,
+            strict_positions=strict_positions,
+            statistical=statistical,
+            **self.operands(),
+            **self.params(),
+        )
 
-    def assert_close(self, precision=None, bound_factor=DEFAULT_BOUND_FACTOR, **actual) -> Report:
+    def assert_close(
+        self,
+        precision=None,
+        bound_factor=DEFAULT_BOUND_FACTOR,
+        strict_positions=False,
+        statistical=True,
+        **actual,
+    ) -> Report:
         """`deformconv.assert_close` of the named results; the failure message names the problem
         (shape, parameters, seed) and shows the worst element of each result."""
         __tracebackhide__ = True
         try:
             return assert_close(
-                actual, precision=precision, bound_factor=bound_factor, **self.operands(), **self.params()
+                actual,
+                precision=precision,
+                bound_factor=bound_factor,
+                strict_positions=strict_positions,
+                statistical=statistical,
+                **self.operands(),
+                **self.params(),
             )
         except AssertionError as e:
             raise AssertionError(f"{self.describe()}\n{e}") from None

@@ -87,10 +87,15 @@ def test_dense_problems_and_torch_tensors(case):
     assert deformconv.compare(torch.from_numpy(out), input=x, weight=w).passed
     dense = deformconv.conv2d_backward(g, x, w, needs=("input", "weight"))
     assert deformconv.compare(dense, input=torch.from_numpy(x), weight=w, grad_out=g).passed
+    # A bfloat16 tensor is judged as a bf16 kernel's result unless precision= says otherwise.
     half = torch.from_numpy(out).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="bfloat16: the bound knows float32 and float64; pass precision="):
-        deformconv.compare(half, input=x, weight=w)
-    assert deformconv.compare(half, input=x, weight=w, precision=2.0**-8, bound_factor=16).passed
+    r = deformconv.compare(half, input=x, weight=w)
+    assert r.passed and "2^-8" in r["out"].criterion
+    assert deformconv.compare(half, input=x, weight=w, precision=2.0**-8).passed
+    assert deformconv.compare(half, input=x, weight=w, precision=torch.bfloat16).passed
+    assert not deformconv.compare(half, input=x, weight=w, precision="f32").passed
+    with pytest.raises(ValueError, match="int32: the bound knows float64, float32, float16 and bfloat16; pass precision="):
+        deformconv.compare(torch.from_numpy(out).to(torch.int32), input=x, weight=w)
 
 
 def test_compare_refuses_what_it_cannot_judge(case):
@@ -107,6 +112,10 @@ def test_compare_refuses_what_it_cannot_judge(case):
         deformconv.compare(out[..., 0], **case)
     with pytest.raises(ValueError, match="got None"):
         deformconv.compare({"out": None}, **case)
+    with pytest.raises(ValueError, match="precision: 'fp8' is not a precision profile; expected one of f64, f32, tf32, bf16, f16"):
+        deformconv.compare(out, precision="fp8", **case)
+    with pytest.raises(ValueError, match="2\\*\\*-11 is both tf32 and f16"):
+        deformconv.compare(out, precision=2.0**-11, **case)
 
 
 def test_the_reference_is_the_oracle_compare_uses(case):
@@ -114,3 +123,69 @@ def test_the_reference_is_the_oracle_compare_uses(case):
     assert exact.dtype == np.float64
     r = deformconv.compare(exact, precision=np.float64, **case)
     assert r["out"].max_abs_err == 0.0
+
+
+def round_to_bf16(a):
+    """float32 ``a`` rounded to bfloat16 (to nearest, ties to even), kept in float32."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def test_bf16_rounded_results_fail_as_f32_and_pass_as_bf16(case):
+    res = {k: round_to_bf16(v) for k, v in results(case).items()}  # a bf16 kernel's results, saved as f32
+    r = deformconv.compare(res, **case)
+    assert not r.passed and not r.bound_passed
+    assert all(t.over_tolerance > 0 for t in r.tensors if t.name != "grad_bias")
+    r = deformconv.assert_close(res, precision="bf16", **case)
+    assert all("2^-8" in t.criterion for t in r.tensors)
+    assert r.bound_passed and r.statistical_passed
+    assert all(t.statistic is not None and 0 < t.statistic <= 1 for t in r.tensors if t.elements >= 64)
+    assert deformconv.compare(res, precision="bfloat16", **case).passed
+
+
+@pytest.mark.parametrize("name", ["f16", "tf32"])
+def test_f16_rounded_results_pass_as_f16_and_tf32_and_fail_as_f32(case, name):
+    res = {k: v.astype(np.float16) for k, v in results(case).items()}  # stored in binary16
+    assert not deformconv.compare(res, precision="f32", **case).passed
+    assert deformconv.compare(res, **case).passed  # float16 arrays: the f16 profile
+    r = deformconv.compare(res, precision=name, **case)
+    assert r.passed and all("2^-11" in t.criterion for t in r.tensors)
+
+
+def test_the_statistical_check_is_reported_and_can_be_turned_off(case):
+    r = deformconv.compare(results(case), **case)
+    for t in r.tensors:
+        assert t.bound_passed and t.statistical_passed and t.passed
+        assert t.statistic is not None and t.statistic < 1
+    assert "rms stat" in str(r) and "statistical check" in str(r)
+    off = deformconv.compare(results(case), statistical=False, **case)
+    assert off.passed and all(t.statistical_passed for t in off.tensors)
+    assert "statistical check" not in str(off)
+
+
+def test_tiny_offsets_through_torchvision_f32_pass_within_rounding():
+    """issue 17's false alarm: a DCN layer whose offset conv has just left its zero init gives
+    offsets of ~1e-7; torchvision's float32 kernel forms ``base + dy`` in f32, which rounds onto
+    the integer, and takes the one-sided slope there. The oracle accepts either side."""
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    off = (1e-7 * rng.standard_normal((2, 18, 12, 12))).astype(np.float32)
+    g = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    t = {k: torch.from_numpy(v).requires_grad_() for k, v in dict(x=x, w=w, off=off).items()}
+    out = torchvision.ops.deform_conv2d(t["x"], t["off"], t["w"], padding=1)
+    out.backward(torch.from_numpy(g))
+    res = dict(out=out, grad_input=t["x"].grad, grad_offset=t["off"].grad, grad_weight=t["w"].grad)
+    problem = dict(input=x, offset=off, weight=w, grad_out=g, padding=1)
+
+    r = deformconv.assert_close(res, **problem)
+    assert r.ambiguous_samples > 0
+    assert r["grad_offset"].accepted_by_rounding > 0
+    assert "positions within rounding" in str(r)
+    strict = deformconv.compare(res, strict_positions=True, **problem)
+    assert strict.ambiguous_samples == 0
+    assert not strict.passed and not strict["grad_offset"].bound_passed
+    assert strict["grad_offset"].accepted_by_rounding == 0 and strict["grad_offset"].over_tolerance > 0
