@@ -36,10 +36,16 @@
 //!
 //! `P`: most kernels (torchvision's CPU and CUDA ones among them) form the sample position
 //! `py = y * stride - pad + i * dil + dy` in floating point, which moves it by up to
-//! `eps * |py|`; a bilinear weight then moves by up to `eps * (|py| + |px|)`, which is not
+//! `eps * |py|`, and then the fractions `ly = py - floor(py)` and `1 - ly` (torchvision's
+//! col2im: `1 - |py - corner|`), which round relative to 1, not to the weight: a weight near 0
+//! (a position just below or above an integer) carries an absolute error of about `eps`. A
+//! bilinear weight thus moves by up to `eps * (ey + ex)` with `ey = |py| + 1` (`|py|` only
+//! where the precision cannot form `py` exactly, the 1 only where it cannot form the fractions
+//! exactly, see [`error_scales_for`]), which is not
 //! small relative to `sum |terms|` when a sample gives a tiny weight to a large pixel (a
-//! sample just inside the border, say). `P` is the sum over the terms of
-//! `|weight| |grad_out| |m| (|py| + |px|) * (sum of the four corners' |v|)` (without
+//! sample just inside the border, or a `grad_input` element fed by tiny corner weights only).
+//! `P` is the sum over the terms of
+//! `|weight| |grad_out| |m| (ey + ex) * (sum of the four corners' |v|)` (without
 //! `grad_out` for `out`; for `grad_input` the corner sum is replaced by 1), computed by the
 //! oracle on the same absolute operands with each sample moved to the centre of its cell,
 //! where every corner weighs 1/4.

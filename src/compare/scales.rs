@@ -63,6 +63,50 @@ impl Scales {
 /// multiplied by `c`.
 const IN_TERM: usize = 2;
 
+/// What forming a bilinear weight from its position can cost, in units of `eps` per
+/// coordinate, where the kernel's fractions are inexact ([`fraction_exact`]): kernels compute
+/// `l = p - floor(p)` and `1 - l` (torchvision's col2im: `1 - |p - corner|`), each rounded
+/// relative to 1 (at most `eps / 2` each), so a weight near 0 carries an absolute error of up
+/// to about `eps`, not `eps` times itself.
+const FRACTION_ROUNDING: f64 = 1.0;
+
+/// Whether a kernel of `precision` forms the fractions `l = q - floor(q)` and `1 - l` of the
+/// position `q` (as it formed it) exactly: in `f64` for `F64`, in `f32` for `F32` and `Tf32`,
+/// and (conservatively) in the storage type for `Bf16` and `F16`. Then `1 - |q - corner|`,
+/// torchvision's col2im form, is exact too (it is `1 - l` or `l`). Without a precision: exact
+/// only for `|q| >= 1` (whose fraction every format forms exactly from the formed position),
+/// integers and half-integers. Non-finite positions weigh nothing.
+fn fraction_exact(precision: Option<Precision>, q: f64) -> bool {
+    if !q.is_finite() {
+        return true;
+    }
+    let f = q.floor();
+    match precision {
+        None => q.abs() >= 1.0 || (2.0 * q).fract() == 0.0,
+        Some(Precision::F64) => {
+            let l = q - f;
+            diff_exact(q, f, l) && diff_exact(1.0, l, 1.0 - l)
+        }
+        Some(prec) => {
+            // q is a value of the precision's format, so l and 1 - l are exact in f64.
+            let l = q - f;
+            let round = |x: f64| match prec {
+                Precision::F32 | Precision::Tf32 => x as f32 as f64,
+                _ => prec.round(x),
+            };
+            round(l) == l && round(1.0 - l) == 1.0 - l
+        }
+    }
+}
+
+/// Whether the `f64` difference `a - b`, rounded to `d`, is exact (Knuth's TwoSum error is 0).
+fn diff_exact(a: f64, b: f64, d: f64) -> bool {
+    let nb = -b;
+    let bv = d - a;
+    let av = d - bv;
+    (a - av) + (nb - bv) == 0.0
+}
+
 /// How the operands enter a scale: as magnitudes (the worst-case bound) or squared (the
 /// statistical scale).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,10 +144,12 @@ pub fn error_scales(ops: &Operands<'_>) -> Result<Scales> {
     scales_with(ops, None)
 }
 
-/// [`error_scales`] for a kernel of `precision`: `P` (and `P2`) count only the coordinates
-/// that `precision` cannot form exactly (`precision.position(base, d) != base + d`), since an
-/// exactly formed position moves nothing. Integer and half-integer positions, for instance,
-/// add no `P` in any profile.
+/// [`error_scales`] for a kernel of `precision`: `P` (and `P2`) count the position's
+/// rounding `|p|` only for the coordinates that `precision` cannot form exactly
+/// (`precision.position(base, d) != base + d`), since an exactly formed position moves
+/// nothing; the rounding of the fractions `p - floor(p)` and `1 - l` (1 per coordinate, in
+/// units of `eps`) counts where the precision cannot form them exactly (positions in `(-1, 1)`
+/// with more fraction bits than the format holds below 1; never integers or half-integers).
 pub fn error_scales_for(ops: &Operands<'_>, precision: Precision) -> Result<Scales> {
     scales_with(ops, Some(precision))
 }
@@ -228,7 +274,9 @@ struct CellCentres {
     offset: Array4<f64>,
     /// `power(4 |m| (|py| + |px|))` per sample.
     mask: Array4<f64>,
-    /// `|py|` per sample (0 where the precision forms `py` exactly), mask-shaped.
+    /// The absolute error of the weights along `py` per sample, in units of `eps`: `|py|`
+    /// (0 where the precision forms `py` exactly) plus 1 where it cannot form the fractions
+    /// exactly ([`fraction_exact`]), mask-shaped.
     abs_py: Array4<f64>,
     /// `|px|` likewise.
     abs_px: Array4<f64>,
@@ -262,13 +310,26 @@ impl CellCentres {
                             for x in 0..g.w_out {
                                 let (py, px) = position(g, offset, (n, og, i, j, y, x));
                                 let (dy, dx) = (2 * ch, 2 * ch + 1);
-                                // |p|, or 0 where the precision forms p exactly.
+                                // The absolute error of a bilinear weight along p, in
+                                // units of eps: |p| from forming p (0 where the precision
+                                // forms p exactly), plus 1 where the precision cannot form
+                                // the fractions `p - floor(p)` and `1 - l` (or
+                                // `1 - |p - corner|`) exactly: they round relative to 1,
+                                // not to the weight.
                                 let moved = |p: f64, base: usize, pad: usize, d: f64| {
                                     let base = base as f64 - pad as f64;
-                                    match precision {
-                                        Some(prec) if prec.position(base, d) - base == d => 0.0,
+                                    let formed = precision.map(|prec| prec.position(base, d));
+                                    let position = match formed {
+                                        Some(q) if q - base == d => 0.0,
                                         _ => p.abs(),
-                                    }
+                                    };
+                                    let fraction = if fraction_exact(precision, formed.unwrap_or(p))
+                                    {
+                                        0.0
+                                    } else {
+                                        FRACTION_ROUNDING
+                                    };
+                                    position + fraction
                                 };
                                 let (by, bx) =
                                     (y * g.stride_h + i * g.dil_h, x * g.stride_w + j * g.dil_w);
