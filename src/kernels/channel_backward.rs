@@ -25,6 +25,9 @@
 
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
+mod pairs;
+
 use crate::kernels::coord::{SampleOut, TapColumns};
 
 /// Geometry of one pass over a tile.
@@ -151,6 +154,16 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
     let cells_needed = |max: usize| (max + pitch + 2).saturating_mul(cpc);
     assert!(!need_in || cells_needed(table.max_base) <= input.len());
     assert!(!SCATTER || cells_needed(table.max_scatter) <= grad.len());
+    if count <= 8 {
+        let out = SampleOut { dy, dx, mask, cols };
+        // SAFETY: AVX-512F (this function's contract); the bounds asserted above.
+        unsafe {
+            pairs::pass::<SCATTER, OFFSET, MASK, COLS>(
+                input, grad, shape, table, gcol, channels, out,
+            )
+        };
+        return;
+    }
     let corner = [0, cpc, pitch * cpc, (pitch + 1) * cpc];
     let zero = _mm512_setzero_ps();
     let one = _mm512_set1_ps(1.0);
@@ -278,7 +291,8 @@ mod tests {
             eprintln!("no AVX-512 on this CPU: the pixel-major pass is never used");
             return;
         }
-        for seg in [3..27, 3..37] {
+        // Segments of at most 8 channels (two samples a vector, `pairs`): 8, 5 and 1.
+        for seg in [3..27, 3..37, 3..11, 5..10, 36..37] {
             fused_pass_case(seg);
         }
     }
