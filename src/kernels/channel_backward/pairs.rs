@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::CellShape;
+use super::{bilinear, corner_derivatives, CellShape};
 use crate::kernels::coord::{SampleOut, TapColumns};
 
 /// `[a | b]`: the low 8 lanes `a`, the high 8 `b`.
@@ -73,7 +73,6 @@ pub(super) unsafe fn pass<
     let SampleOut { dy, dx, mask, cols } = out;
     let corner = [0, cpc, pitch * cpc, (pitch + 1) * cpc];
     let zero = _mm512_setzero_ps();
-    let one = _mm512_set1_ps(1.0);
     let low = first_lanes(count);
     let (input_at, grad_at) = (input.as_ptr(), grad.as_mut_ptr());
     // Loads `count` values at `a` into lanes 0.. and at `b` into lanes 8.. (`b` only with
@@ -133,13 +132,7 @@ pub(super) unsafe fn pass<
                     second,
                 )
             });
-            let bil = _mm512_add_ps(
-                _mm512_add_ps(
-                    _mm512_add_ps(_mm512_mul_ps(w[0], v[0]), _mm512_mul_ps(w[1], v[1])),
-                    _mm512_mul_ps(w[2], v[2]),
-                ),
-                _mm512_mul_ps(w[3], v[3]),
-            );
+            let bil = bilinear(&w, &v);
             let bil = _mm512_maskz_mov_ps(inside, bil);
             if COLS {
                 let x = _mm512_mul_ps(m, bil);
@@ -159,14 +152,7 @@ pub(super) unsafe fn pass<
                 halves(table.lx[e0], table.lx[e1]),
             );
             if OFFSET {
-                let wy = _mm512_add_ps(
-                    _mm512_mul_ps(lx, _mm512_sub_ps(v[3], v[1])),
-                    _mm512_mul_ps(_mm512_sub_ps(one, lx), _mm512_sub_ps(v[2], v[0])),
-                );
-                let wx = _mm512_add_ps(
-                    _mm512_mul_ps(ly, _mm512_sub_ps(v[3], v[2])),
-                    _mm512_mul_ps(_mm512_sub_ps(one, ly), _mm512_sub_ps(v[1], v[0])),
-                );
+                let (wy, wx) = corner_derivatives(&v, ly, lx);
                 let (y0, y1) =
                     half_sums(_mm512_mask_add_ps(zero, live, zero, _mm512_mul_ps(gm, wy)));
                 let (x0, x1) =
