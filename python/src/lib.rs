@@ -12,14 +12,14 @@ mod omp;
 use std::sync::{Arc, RwLock};
 
 use deformconv::compare::{
-    compare_tensor, error_scales_for, Operands, Options, Oracle, Output, Precision, Report,
-    Tolerance,
+    compare_tensor, error_scales_for, exact_result, Operands, Options, Oracle, Output, Precision,
+    Report, Tolerance,
 };
 use deformconv::layout::{Flip, WeightLayout};
 use deformconv::offset_layout::{OffsetLayout, PackedLayout};
 use deformconv::testing::{Problem, ProblemShape};
 use deformconv::{reference, ConvParams, Convention, Float, Padding, Want};
-use ndarray::{Array4, ArrayD, ArrayView4};
+use ndarray::{Array4, ArrayD, ArrayView1, ArrayView4};
 use numpy::{
     Element, IntoPyArray, PyArrayDescrMethods, PyReadonlyArray1, PyReadonlyArray4,
     PyReadonlyArrayDyn, PyUntypedArrayMethods,
@@ -132,10 +132,6 @@ fn opt4<'py, T: Elem>(a: Option<&Bound<'py, PyAny>>) -> PyResult<Option<Arr4<'py
     a.map(arr4).transpose()
 }
 
-fn opt1<'py, T: Elem>(a: Option<&Bound<'py, PyAny>>) -> PyResult<Option<PyReadonlyArray1<'py, T>>> {
-    a.map(|a| a.extract()).transpose()
-}
-
 fn out<T: Elem, D: ndarray::Dimension>(py: Python<'_>, a: ndarray::Array<T, D>) -> Py<PyAny> {
     a.into_pyarray(py).into_any().unbind()
 }
@@ -155,29 +151,86 @@ macro_rules! by_dtype {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Operands
+// ---------------------------------------------------------------------------------------------
+
+/// A call's tensors as Python passed them; `offset = None` is a dense convolution.
+#[derive(Clone, Copy)]
+struct Args<'a, 'py> {
+    grad_out: Option<&'a Bound<'py, PyAny>>,
+    input: &'a Bound<'py, PyAny>,
+    offset: Option<&'a Bound<'py, PyAny>>,
+    mask: Option<&'a Bound<'py, PyAny>>,
+    weight: &'a Bound<'py, PyAny>,
+    bias: Option<&'a Bound<'py, PyAny>>,
+}
+
+/// [`Args`] borrowed as numpy arrays of `T` (no copy).
+struct Borrowed<'py, T: Elem> {
+    grad_out: Option<Arr4<'py, T>>,
+    input: Arr4<'py, T>,
+    offset: Option<Arr4<'py, T>>,
+    mask: Option<Arr4<'py, T>>,
+    weight: Arr4<'py, T>,
+    bias: Option<PyReadonlyArray1<'py, T>>,
+}
+
+/// The borrowed tensors as `ndarray` views, for the crate.
+struct Views<'a, T> {
+    grad_out: Option<ArrayView4<'a, T>>,
+    input: ArrayView4<'a, T>,
+    offset: Option<ArrayView4<'a, T>>,
+    mask: Option<ArrayView4<'a, T>>,
+    weight: ArrayView4<'a, T>,
+    bias: Option<ArrayView1<'a, T>>,
+}
+
+impl<'py, T: Elem> Borrowed<'py, T> {
+    fn new(a: &Args<'_, 'py>) -> PyResult<Self> {
+        Ok(Borrowed {
+            grad_out: opt4(a.grad_out)?,
+            input: arr4(a.input)?,
+            offset: opt4(a.offset)?,
+            mask: opt4(a.mask)?,
+            weight: arr4(a.weight)?,
+            bias: a.bias.map(|b| b.extract()).transpose()?,
+        })
+    }
+
+    fn views(&self) -> Views<'_, T> {
+        Views {
+            grad_out: self.grad_out.as_ref().map(|a| a.as_array()),
+            input: self.input.as_array(),
+            offset: self.offset.as_ref().map(|a| a.as_array()),
+            mask: self.mask.as_ref().map(|a| a.as_array()),
+            weight: self.weight.as_array(),
+            bias: self.bias.as_ref().map(|a| a.as_array()),
+        }
+    }
+}
+
+impl<T: Float> Views<'_, T> {
+    /// `grad_out`, which every backward call passes.
+    fn grad_out(&self) -> deformconv::Result<ArrayView4<'_, T>> {
+        self.grad_out.ok_or_else(|| deformconv::Error::Param {
+            name: "grad_out",
+            rule: "missing".into(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Fast path
 // ---------------------------------------------------------------------------------------------
 
-fn deform_fwd<T: Elem>(
-    py: Python<'_>,
-    input: &Bound<'_, PyAny>,
-    offset: &Bound<'_, PyAny>,
-    mask: Option<&Bound<'_, PyAny>>,
-    weight: &Bound<'_, PyAny>,
-    bias: Option<&Bound<'_, PyAny>>,
-    p: &ConvParams,
-) -> PyResult<Py<PyAny>> {
-    let (x, off, m, w, b) = (
-        arr4::<T>(input)?,
-        arr4::<T>(offset)?,
-        opt4::<T>(mask)?,
-        arr4::<T>(weight)?,
-        opt1::<T>(bias)?,
-    );
-    let (x, off, w) = (x.as_array(), off.as_array(), w.as_array());
-    let m = m.as_ref().map(|m| m.as_array());
-    let b = b.as_ref().map(|b| b.as_array());
-    let r = compute(py, || deformconv::deform_conv2d(x, off, m, w, b, p)).map_err(value_error)?;
+fn fast_forward<T: Elem>(py: Python<'_>, a: &Args<'_, '_>, p: &ConvParams) -> PyResult<Py<PyAny>> {
+    let ops = Borrowed::<T>::new(a)?;
+    let v = ops.views();
+    let r = compute(py, || match v.offset {
+        Some(off) => deformconv::deform_conv2d(v.input, off, v.mask, v.weight, v.bias, p),
+        None => deformconv::conv2d(v.input, v.weight, v.bias, p),
+    })
+    .map_err(value_error)?;
     Ok(out(py, r))
 }
 
@@ -194,21 +247,15 @@ fn deform_conv2d(
     params: Params,
 ) -> PyResult<Py<PyAny>> {
     let p = params.get()?;
-    by_dtype!(input, deform_fwd(py, input, offset, mask, weight, bias, &p))
-}
-
-fn dense_fwd<T: Elem>(
-    py: Python<'_>,
-    input: &Bound<'_, PyAny>,
-    weight: &Bound<'_, PyAny>,
-    bias: Option<&Bound<'_, PyAny>>,
-    p: &ConvParams,
-) -> PyResult<Py<PyAny>> {
-    let (x, w, b) = (arr4::<T>(input)?, arr4::<T>(weight)?, opt1::<T>(bias)?);
-    let (x, w) = (x.as_array(), w.as_array());
-    let b = b.as_ref().map(|b| b.as_array());
-    let r = compute(py, || deformconv::conv2d(x, w, b, p)).map_err(value_error)?;
-    Ok(out(py, r))
+    let a = Args {
+        grad_out: None,
+        input,
+        offset: Some(offset),
+        mask,
+        weight,
+        bias,
+    };
+    by_dtype!(input, fast_forward(py, &a, &p))
 }
 
 /// Dense convolution, forward (`deformconv::conv2d`).
@@ -222,17 +269,27 @@ fn conv2d(
     params: Params,
 ) -> PyResult<Py<PyAny>> {
     let p = params.get()?;
-    by_dtype!(input, dense_fwd(py, input, weight, bias, &p))
+    let a = Args {
+        grad_out: None,
+        input,
+        offset: None,
+        mask: None,
+        weight,
+        bias,
+    };
+    by_dtype!(input, fast_forward(py, &a, &p))
 }
 
 /// `(input, offset, mask, weight, bias)` flags.
 type Needs = (bool, bool, bool, bool, bool);
 
-fn want(n: Needs) -> Want {
+/// The gradients `needs` asks for; for a dense problem (no offset) never the offset's or the
+/// mask's.
+fn want(n: Needs, dense: bool) -> Want {
     Want {
         input: n.0,
-        offset: n.1,
-        mask: n.2,
+        offset: n.1 && !dense,
+        mask: n.2 && !dense,
         weight: n.3,
         bias: n.4,
     }
@@ -246,40 +303,46 @@ type GradTuple = (
     Option<Py<PyAny>>,
 );
 
-#[allow(clippy::too_many_arguments)]
-fn deform_bwd<T: Elem>(
+fn grad_tuple<T: Elem, D: ndarray::Dimension>(
     py: Python<'_>,
-    grad_out: &Bound<'_, PyAny>,
-    input: &Bound<'_, PyAny>,
-    offset: Option<&Bound<'_, PyAny>>,
-    mask: Option<&Bound<'_, PyAny>>,
-    weight: &Bound<'_, PyAny>,
+    [a, b, c, d, e]: [Option<ndarray::Array<T, D>>; 5],
+) -> GradTuple {
+    (
+        opt_out(py, a),
+        opt_out(py, b),
+        opt_out(py, c),
+        opt_out(py, d),
+        opt_out(py, e),
+    )
+}
+
+fn fast_backward<T: Elem>(
+    py: Python<'_>,
+    a: &Args<'_, '_>,
     p: &ConvParams,
     needs: Needs,
 ) -> PyResult<GradTuple> {
-    let (g, x, off, m, w) = (
-        arr4::<T>(grad_out)?,
-        arr4::<T>(input)?,
-        opt4::<T>(offset)?,
-        opt4::<T>(mask)?,
-        arr4::<T>(weight)?,
-    );
-    let (g, x, w) = (g.as_array(), x.as_array(), w.as_array());
-    let off = off.as_ref().map(|o| o.as_array());
-    let m = m.as_ref().map(|m| m.as_array());
-    let want = want(needs);
-    let r = compute(py, || match off {
-        Some(off) => deformconv::deform_conv2d_backward(g, x, off, m, w, p, want),
-        None => deformconv::conv2d_backward(g, x, w, p, want),
+    let ops = Borrowed::<T>::new(a)?;
+    let v = ops.views();
+    let want = want(needs, v.offset.is_none());
+    let r = compute(py, || {
+        let g = v.grad_out()?;
+        match v.offset {
+            Some(off) => {
+                deformconv::deform_conv2d_backward(g, v.input, off, v.mask, v.weight, p, want)
+            }
+            None => deformconv::conv2d_backward(g, v.input, v.weight, p, want),
+        }
     })
     .map_err(value_error)?;
-    Ok((
-        opt_out(py, r.input),
-        opt_out(py, r.offset),
-        opt_out(py, r.mask),
-        opt_out(py, r.weight),
-        opt_out(py, r.bias),
-    ))
+    let r = [
+        r.input.map(|a| a.into_dyn()),
+        r.offset.map(|a| a.into_dyn()),
+        r.mask.map(|a| a.into_dyn()),
+        r.weight.map(|a| a.into_dyn()),
+        r.bias.map(|a| a.into_dyn()),
+    ];
+    Ok(grad_tuple(py, r))
 }
 
 /// The gradients selected by `needs` (`(input, offset, mask, weight, bias)`), the others
@@ -298,10 +361,15 @@ fn backward(
     needs: Needs,
 ) -> PyResult<GradTuple> {
     let p = params.get()?;
-    by_dtype!(
+    let a = Args {
+        grad_out: Some(grad_out),
         input,
-        deform_bwd(py, grad_out, input, offset, mask, weight, &p, needs)
-    )
+        offset,
+        mask,
+        weight,
+        bias: None,
+    };
+    by_dtype!(input, fast_backward(py, &a, &p, needs))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -312,39 +380,23 @@ fn dims(s: &[usize]) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
 }
 
-/// Zero offsets for the dense problem of `input` and `weight` (`offset_groups = 1`).
-fn zero_offset<T: Elem>(
-    x: &ArrayView4<'_, T>,
-    w: &ArrayView4<'_, T>,
+/// A dense problem as the oracle computes it: zero offsets, one offset group.
+fn dense_offset<T: Float>(
+    x: ArrayView4<'_, T>,
+    w: ArrayView4<'_, T>,
     p: &ConvParams,
-) -> deformconv::Result<Array4<T>> {
-    let g = deformconv::Geometry::new(dims(x.shape()), dims(w.shape()), &p.offset_groups(1))?;
-    Ok(Array4::from_elem(g.offset_shape(), T::ZERO))
+) -> deformconv::Result<(Array4<T>, ConvParams)> {
+    let p = p.offset_groups(1);
+    let geo = deformconv::Geometry::new(dims(x.shape()), dims(w.shape()), &p)?;
+    Ok((Array4::from_elem(geo.offset_shape(), T::ZERO), p))
 }
 
-fn ref_fwd<T: Elem>(
-    py: Python<'_>,
-    input: &Bound<'_, PyAny>,
-    offset: Option<&Bound<'_, PyAny>>,
-    mask: Option<&Bound<'_, PyAny>>,
-    weight: &Bound<'_, PyAny>,
-    bias: Option<&Bound<'_, PyAny>>,
-    p: &ConvParams,
-) -> PyResult<Py<PyAny>> {
-    let (x, off, m, w, b) = (
-        arr4::<T>(input)?,
-        opt4::<T>(offset)?,
-        opt4::<T>(mask)?,
-        arr4::<T>(weight)?,
-        opt1::<T>(bias)?,
-    );
-    let (x, w) = (x.as_array(), w.as_array());
-    let off = off.as_ref().map(|o| o.as_array());
-    let m = m.as_ref().map(|m| m.as_array());
-    let b = b.as_ref().map(|b| b.as_array());
-    let r = compute(py, || match off {
-        Some(off) => reference::deform_conv2d(x, off, m, w, b, p),
-        None => reference::conv2d(x, w, b, p),
+fn ref_fwd<T: Elem>(py: Python<'_>, a: &Args<'_, '_>, p: &ConvParams) -> PyResult<Py<PyAny>> {
+    let ops = Borrowed::<T>::new(a)?;
+    let v = ops.views();
+    let r = compute(py, || match v.offset {
+        Some(off) => reference::deform_conv2d(v.input, off, v.mask, v.weight, v.bias, p),
+        None => reference::conv2d(v.input, v.weight, v.bias, p),
     })
     .map_err(value_error)?;
     Ok(out(py, r))
@@ -363,20 +415,35 @@ fn ref_forward(
     params: Params,
 ) -> PyResult<Py<PyAny>> {
     let p = params.get()?;
-    by_dtype!(input, ref_fwd(py, input, offset, mask, weight, bias, &p))
+    let a = Args {
+        grad_out: None,
+        input,
+        offset,
+        mask,
+        weight,
+        bias,
+    };
+    by_dtype!(input, ref_fwd(py, &a, &p))
 }
 
-/// Every reference gradient `want` selects.
+/// Every reference gradient `want` selects; the dense gradients are the deformable ones at
+/// zero offsets (one offset group).
 fn ref_grads<T: Float>(
-    g: ArrayView4<'_, T>,
-    x: ArrayView4<'_, T>,
-    off: ArrayView4<'_, T>,
-    m: Option<ArrayView4<'_, T>>,
-    w: ArrayView4<'_, T>,
+    v: &Views<'_, T>,
     p: &ConvParams,
     want: Want,
 ) -> deformconv::Result<[Option<ArrayD<f64>>; 5]> {
+    let g = v.grad_out()?;
+    let (x, m, w) = (v.input, v.mask, v.weight);
     let (xs, ws) = (dims(x.shape()), dims(w.shape()));
+    let dense;
+    let (off, p) = match v.offset {
+        Some(off) => (off, p),
+        None => {
+            dense = dense_offset(x, w, p)?;
+            (dense.0.view(), &dense.1)
+        }
+    };
     let gi = want
         .input
         .then(|| reference::grad_input(g, off, m, w, xs, p))
@@ -409,52 +476,17 @@ fn ref_grads<T: Float>(
     ])
 }
 
-#[allow(clippy::too_many_arguments)]
 fn ref_bwd<T: Elem>(
     py: Python<'_>,
-    grad_out: &Bound<'_, PyAny>,
-    input: &Bound<'_, PyAny>,
-    offset: Option<&Bound<'_, PyAny>>,
-    mask: Option<&Bound<'_, PyAny>>,
-    weight: &Bound<'_, PyAny>,
+    a: &Args<'_, '_>,
     p: &ConvParams,
     needs: Needs,
 ) -> PyResult<GradTuple> {
-    let (g, x, off, m, w) = (
-        arr4::<T>(grad_out)?,
-        arr4::<T>(input)?,
-        opt4::<T>(offset)?,
-        opt4::<T>(mask)?,
-        arr4::<T>(weight)?,
-    );
-    let (g, x, w) = (g.as_array(), x.as_array(), w.as_array());
-    let off = off.as_ref().map(|o| o.as_array());
-    let m = m.as_ref().map(|m| m.as_array());
-    let mut want = want(needs);
-    let dense = off.is_none();
-    if dense {
-        want.offset = false;
-        want.mask = false;
-    }
-    let r = compute(py, || -> deformconv::Result<_> {
-        match off {
-            Some(off) => ref_grads(g, x, off, m, w, p, want),
-            None => {
-                // The dense gradients are the deformable ones at zero offsets.
-                let zeros = zero_offset(&x, &w, p)?;
-                ref_grads(g, x, zeros.view(), None, w, &p.offset_groups(1), want)
-            }
-        }
-    })
-    .map_err(value_error)?;
-    let [a, b, c, d, e] = r;
-    Ok((
-        opt_out(py, a),
-        opt_out(py, b),
-        opt_out(py, c),
-        opt_out(py, d),
-        opt_out(py, e),
-    ))
+    let ops = Borrowed::<T>::new(a)?;
+    let v = ops.views();
+    let want = want(needs, v.offset.is_none());
+    let r = compute(py, || ref_grads(&v, p, want)).map_err(value_error)?;
+    Ok(grad_tuple(py, r))
 }
 
 /// The oracle's gradients (f64) selected by `needs`; dense when `offset` is `None`.
@@ -472,10 +504,15 @@ fn ref_backward(
     needs: Needs,
 ) -> PyResult<GradTuple> {
     let p = params.get()?;
-    by_dtype!(
+    let a = Args {
+        grad_out: Some(grad_out),
         input,
-        ref_bwd(py, grad_out, input, offset, mask, weight, &p, needs)
-    )
+        offset,
+        mask,
+        weight,
+        bias: None,
+    };
+    by_dtype!(input, ref_bwd(py, &a, &p, needs))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -546,8 +583,9 @@ fn compare<'py>(
     let dense_offset = match &offset {
         Some(_) => None,
         None => {
-            p = p.offset_groups(1);
-            Some(zero_offset(&x, &w, &p).map_err(value_error)?)
+            let (zeros, dense_p) = dense_offset(x, w, &p).map_err(value_error)?;
+            p = dense_p;
+            Some(zeros)
         }
     };
     let off = match (&offset, &dense_offset) {
@@ -599,7 +637,7 @@ fn compare<'py>(
         for ((&output, got), &precision) in outputs.iter().zip(&actual_views).zip(&precisions) {
             let exact = match given.iter().position(|&o| o == output) {
                 Some(i) => expected_views[i].to_owned(),
-                None => exact(output, x, off, m, w, b, go, &p)?,
+                None => exact_result(&ops, output)?.ok_or_else(|| undefined(output))?,
             };
             let t = match allclose {
                 Some((rtol, atol)) => {
@@ -655,40 +693,6 @@ fn compare<'py>(
         rows.push(d);
     }
     Ok((rows, report.ambiguous_samples, report.to_string()))
-}
-
-/// The oracle's value of `output`.
-#[allow(clippy::too_many_arguments)]
-fn exact(
-    output: Output,
-    x: ArrayView4<'_, f64>,
-    off: ArrayView4<'_, f64>,
-    m: Option<ArrayView4<'_, f64>>,
-    w: ArrayView4<'_, f64>,
-    b: Option<ndarray::ArrayView1<'_, f64>>,
-    go: Option<ArrayView4<'_, f64>>,
-    p: &ConvParams,
-) -> deformconv::Result<ArrayD<f64>> {
-    if output == Output::Out {
-        return Ok(reference::deform_conv2d(x, off, m, w, b, p)?.into_dyn());
-    }
-    let g = go.ok_or_else(|| deformconv::Error::Param {
-        name: "grad_out",
-        rule: "is required to compare gradients".into(),
-    })?;
-    let want = match output {
-        Output::GradInput => Want::NONE.input(),
-        Output::GradOffset => Want::NONE.offset(),
-        Output::GradMask => Want::NONE.mask(),
-        Output::GradWeight => Want::NONE.weight(),
-        _ => Want::NONE.bias(),
-    };
-    let grads = ref_grads(g, x, off, m, w, p, want)?;
-    Ok(grads
-        .into_iter()
-        .flatten()
-        .next()
-        .expect("the wanted gradient was computed"))
 }
 
 // ---------------------------------------------------------------------------------------------

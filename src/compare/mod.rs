@@ -90,7 +90,9 @@ mod precision;
 mod report;
 mod scales;
 
-pub use oracle::{exact_results, rounded_positions, Options, Oracle, RoundedPositions};
+pub use oracle::{
+    exact_result, exact_results, rounded_positions, Options, Oracle, RoundedPositions,
+};
 pub use precision::Precision;
 pub use report::{
     compare_tensor, compare_tensor_within, Criterion, Expected, Report, TensorReport, Tolerance,

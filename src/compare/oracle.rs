@@ -137,38 +137,38 @@ fn dims(shape: &[usize]) -> [usize; 4] {
 /// The exact (reference) value of every result the operands define: `out`, and with
 /// `grad_out` every gradient (`grad_mask` with a mask, `grad_bias` with a bias).
 pub fn exact_results(ops: &Operands<'_>) -> Result<BTreeMap<Output, ArrayD<f64>>> {
-    let p = &ops.params;
-    let (x, off, w) = (ops.input, ops.offset, ops.weight);
     let mut out = BTreeMap::new();
-    let r = reference::deform_conv2d(x, off, ops.mask, w, ops.bias, p)?;
-    out.insert(Output::Out, r.into_dyn());
-    let Some(go) = ops.grad_out else {
-        return Ok(out);
-    };
-    let is = dims(x.shape());
-    let ws = dims(w.shape());
-    out.insert(
-        Output::GradInput,
-        reference::grad_input(go, off, ops.mask, w, is, p)?.into_dyn(),
-    );
-    out.insert(
-        Output::GradOffset,
-        reference::grad_offset(go, x, off, ops.mask, w, p)?.into_dyn(),
-    );
-    if ops.mask.is_some() {
-        out.insert(
-            Output::GradMask,
-            reference::grad_mask(go, x, off, w, p)?.into_dyn(),
-        );
-    }
-    out.insert(
-        Output::GradWeight,
-        reference::grad_weight(go, x, off, ops.mask, ws, p)?.into_dyn(),
-    );
-    if ops.bias.is_some() {
-        out.insert(Output::GradBias, reference::grad_bias(go)?.into_dyn());
+    for output in Output::ALL {
+        if let Some(value) = exact_result(ops, output)? {
+            out.insert(output, value);
+        }
     }
     Ok(out)
+}
+
+/// The exact (reference) value of `output`, or `None` where the operands do not define it (a
+/// gradient without `grad_out`, `grad_mask` without a mask, `grad_bias` without a bias).
+pub fn exact_result(ops: &Operands<'_>, output: Output) -> Result<Option<ArrayD<f64>>> {
+    let p = &ops.params;
+    let (x, off, m, w) = (ops.input, ops.offset, ops.mask, ops.weight);
+    let go = match (output, ops.grad_out) {
+        (Output::Out, _) => {
+            return Ok(Some(
+                reference::deform_conv2d(x, off, m, w, ops.bias, p)?.into_dyn(),
+            ))
+        }
+        (_, None) => return Ok(None),
+        (_, Some(go)) => go,
+    };
+    let (is, ws) = (dims(x.shape()), dims(w.shape()));
+    Ok(Some(match output {
+        Output::GradInput => reference::grad_input(go, off, m, w, is, p)?.into_dyn(),
+        Output::GradOffset => reference::grad_offset(go, x, off, m, w, p)?.into_dyn(),
+        Output::GradMask if m.is_some() => reference::grad_mask(go, x, off, w, p)?.into_dyn(),
+        Output::GradWeight => reference::grad_weight(go, x, off, m, ws, p)?.into_dyn(),
+        Output::GradBias if ops.bias.is_some() => reference::grad_bias(go)?.into_dyn(),
+        _ => return Ok(None),
+    }))
 }
 
 /// The values and scales at the rounded positions.
