@@ -57,6 +57,7 @@ use crate::convention::Convention;
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::{try_zeros, Geometry};
+use crate::kernels::columns::MAX_CELLS;
 use crate::params::ConvParams;
 
 use driver::{ImageOut, Needs, Operands, Stats};
@@ -210,6 +211,9 @@ impl<'a, T: Float> Problem<'a, T> {
             g.check_mask(m.shape())?;
         }
         g.check_out("grad_out", grad_out.shape())?;
+        if offset.is_some() {
+            check_plane(&g)?;
+        }
         Ok(Problem {
             g,
             grad_out,
@@ -335,6 +339,22 @@ impl<'a, T: Float> Problem<'a, T> {
             None => driver::run(g, &ops, needs, outs, None),
         }
     }
+}
+
+/// Refuses input planes whose padded copy, `(H + 2) x (W + 3)` cells, exceeds
+/// [`MAX_CELLS`]: the deformable backward addresses a task's planes with `i32` bases.
+fn check_plane(g: &Geometry) -> Result<()> {
+    let cells = (g.h.max(1) + 2).checked_mul(g.w.saturating_add(3));
+    if matches!(cells, Some(c) if c <= MAX_CELLS) {
+        return Ok(());
+    }
+    Err(Error::TooLarge {
+        what: format!(
+            "input plane of {} x {} pixels for the deformable backward (at most 2^30 - 1 cells \
+             with its border, (H + 2) * (W + 3))",
+            g.h, g.w
+        ),
+    })
 }
 
 /// Splits `[N, G * chunk, ., .]` into the `N * G` views `[chunk, ., .]`, image-major (empty for
@@ -928,11 +948,26 @@ mod tests {
         assert_eq!(all.sample_passes, all.scatters);
     }
 
+    /// Small output images of large planes: a pixel-major image group stays within the cells
+    /// the column table's `i32` bases reach; the channel-major plan is not capped.
+    #[test]
+    fn pixel_major_groups_stay_within_the_cell_limit() {
+        let params = ConvParams::default().stride(4096, 4096);
+        let g = Geometry::new([64, 1, 16384, 16384], [1, 1, 1, 1], &params).unwrap();
+        let layout = crate::kernels::taps::PlaneLayout::zero_bordered(g.h, g.w);
+        let plan = driver::Plan::new(&g, layout, true);
+        assert!(plan.max_images() > 1);
+        assert!(plan.max_images() * layout.len() <= MAX_CELLS);
+        let channel_major = driver::Plan::new(&g, layout, false);
+        assert!(channel_major.max_images() * layout.len() > MAX_CELLS);
+    }
+
     #[test]
     fn w4_full_backward_workspace_is_below_64_mib() {
         let params = ConvParams::default().padding(1, 1);
         let g = Geometry::new([2, 256, 64, 64], [256, 256, 3, 3], &params).unwrap();
-        let plan = driver::Plan::new(&g, true);
+        let layout = crate::kernels::taps::PlaneLayout::zero_bordered(64, 64);
+        let plan = driver::Plan::new(&g, layout, true);
         let all = Needs {
             input: true,
             offset: true,
@@ -949,7 +984,7 @@ mod tests {
         // Past MIN_TASKS images the workspace no longer depends on the batch size.
         let at = |n: usize| {
             let g = Geometry::new([n, 256, 64, 64], [256, 256, 3, 3], &params).unwrap();
-            4 * driver::Plan::new(&g, true).workspace_elements(&g, all, 2, tap_elems)
+            4 * driver::Plan::new(&g, layout, true).workspace_elements(&g, all, 2, tap_elems)
         };
         assert_eq!(at(16), at(128));
         assert!(at(16) < 64 << 20, "{} MiB", at(16) >> 20);

@@ -11,11 +11,12 @@
 //!
 //! The coordinate derivatives (for `grad_offset`) use the same corners with no `-1 < p < H`
 //! cut-off: `Wy = lx (v11 - v01) + (1-lx)(v10 - v00)`, `Wx = ly (v11 - v10) + (1-ly)(v01 - v00)`,
-//! so at an exactly integer position they are the one-sided forward difference.
+//! so at an exactly integer position they are the one-sided forward difference. The kernels
+//! evaluate them on padded planes (`kernels::coord`, `kernels::channel_backward`); the tests
+//! state them once more on plain planes (`tests::coordinate_weights_in`) and pin the two.
 //!
-//! Other conventions ([`Convention`]) go through [`locate_in`] and [`coordinate_weights_in`];
-//! for [`Convention::Torchvision`] these are exactly [`locate`] and [`coordinate_weights`].
-//! The forward gather's flat forms are [`locate_flat`] (torchvision, mmcv) and
+//! Other conventions ([`Convention`]) go through [`locate_in`]; for
+//! [`Convention::Torchvision`] it is exactly [`locate`]. The forward gather's flat forms are [`locate_flat`] (torchvision, mmcv) and
 //! [`locate_flat_clamped`] (DCN v1).
 
 use crate::convention::Convention;
@@ -63,27 +64,6 @@ impl<T: Float> Corners<T> {
     pub fn weights(&self) -> [T; 4] {
         let (ly, lx, hy, hx) = (self.ly, self.lx, self.hy, self.hx);
         [hy * hx, hy * lx, ly * hx, ly * lx]
-    }
-
-    /// The bilinear value over `plane` (row-major `H x W`), invalid corners reading 0.
-    #[inline]
-    pub fn interpolate(&self, plane: &[T]) -> T {
-        let v = self.values(plane);
-        let wt = self.weights();
-        wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]
-    }
-
-    /// The four corner values, 0 for corners outside the plane.
-    #[inline]
-    pub fn values(&self, plane: &[T]) -> [T; 4] {
-        let mut v = [T::ZERO; 4];
-        for c in 0..4 {
-            if self.valid[c] {
-                debug_assert!(self.index[c] < plane.len());
-                v[c] = plane[self.index[c]];
-            }
-        }
-        v
     }
 }
 
@@ -288,31 +268,6 @@ pub(crate) fn corners<T: Float>(
     }
 }
 
-/// `(Wy, Wx)`: the derivatives of the bilinear value with respect to the sample's row and
-/// column, torchvision's one-sided rule (see the module docs). NaN offsets give NaN; positions
-/// with no corner in the plane (far away or infinite) give 0.
-#[inline]
-pub(crate) fn coordinate_weights<T: Float>(
-    base_y: isize,
-    dy: T,
-    base_x: isize,
-    dx: T,
-    plane: &[T],
-    h: usize,
-    w: usize,
-) -> (T, T) {
-    if dy.is_nan() || dx.is_nan() {
-        let nan = T::from_f64(f64::NAN);
-        return (nan, nan);
-    }
-    let c = corners(base_y, dy, base_x, dx, h, w);
-    // An infinite offset leaves a NaN fraction (inf - inf) but then no corner is valid.
-    if !c.valid.iter().any(|&v| v) {
-        return (T::ZERO, T::ZERO);
-    }
-    derivatives(&c, plane)
-}
-
 /// Locates the sample at `(base_y + dy, base_x + dx)` under `conv`'s rule.
 ///
 /// - [`Convention::Torchvision`], [`Convention::Mmcv`]: exactly [`locate`].
@@ -387,52 +342,95 @@ fn locate_clamped<T: Float>(
     })
 }
 
-/// `(Wy, Wx)` on already located corners (invalid corners reading 0).
-#[inline]
-fn derivatives<T: Float>(c: &Corners<T>, plane: &[T]) -> (T, T) {
-    let [v00, v01, v10, v11] = c.values(plane);
-    let (ly, lx) = (c.ly, c.lx);
-    let wy = lx * (v11 - v01) + (T::ONE - lx) * (v10 - v00);
-    let wx = ly * (v11 - v10) + (T::ONE - ly) * (v01 - v00);
-    (wy, wx)
-}
-
-/// `(Wy, Wx)` under `conv`'s rule (see [`Convention`]):
-///
-/// - [`Convention::Torchvision`]: exactly [`coordinate_weights`] (no window cut-off);
-/// - [`Convention::Mmcv`]: 0 where [`locate`] says `Outside`, else the same formulas;
-/// - [`Convention::DcnV1`]: 0 where [`locate_in`] says `Outside`, else the formulas on the
-///   collapsed corners (so 0 along an axis whose sample sits on the last row/column band).
-///
-/// NaN offsets give NaN in every convention.
-#[inline]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn coordinate_weights_in<T: Float>(
-    conv: Convention,
-    base_y: isize,
-    dy: T,
-    base_x: isize,
-    dx: T,
-    plane: &[T],
-    h: usize,
-    w: usize,
-) -> (T, T) {
-    if conv == Convention::Torchvision {
-        return coordinate_weights(base_y, dy, base_x, dx, plane, h, w);
-    }
-    match locate_in(conv, base_y, dy, base_x, dx, h, w) {
-        Sample::Nan => {
-            let nan = T::from_f64(f64::NAN);
-            (nan, nan)
-        }
-        Sample::Outside => (T::ZERO, T::ZERO),
-        Sample::Inside(c) => derivatives(&c, plane),
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    // The coordinate derivatives as a definition, for the tests: the kernels compute them on
+    // padded planes (`kernels::coord`, `kernels::channel_backward`), pinned to these bit for
+    // bit, and these are checked against the reference below.
+
+    /// The four corner values, 0 for corners outside the plane.
+    fn values<T: Float>(c: &Corners<T>, plane: &[T]) -> [T; 4] {
+        std::array::from_fn(|t| {
+            if c.valid[t] {
+                plane[c.index[t]]
+            } else {
+                T::ZERO
+            }
+        })
+    }
+
+    /// The bilinear value over `plane` (row-major `H x W`), invalid corners reading 0.
+    pub(crate) fn interpolate<T: Float>(c: &Corners<T>, plane: &[T]) -> T {
+        let (v, wt) = (values(c, plane), c.weights());
+        wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]
+    }
+
+    /// `(Wy, Wx)`: the derivatives of the bilinear value with respect to the sample's row and
+    /// column, torchvision's one-sided rule (see the module docs). NaN offsets give NaN; positions
+    /// with no corner in the plane (far away or infinite) give 0.
+    fn coordinate_weights<T: Float>(
+        base_y: isize,
+        dy: T,
+        base_x: isize,
+        dx: T,
+        plane: &[T],
+        h: usize,
+        w: usize,
+    ) -> (T, T) {
+        if dy.is_nan() || dx.is_nan() {
+            let nan = T::from_f64(f64::NAN);
+            return (nan, nan);
+        }
+        let c = corners(base_y, dy, base_x, dx, h, w);
+        // An infinite offset leaves a NaN fraction (inf - inf) but then no corner is valid.
+        if !c.valid.iter().any(|&v| v) {
+            return (T::ZERO, T::ZERO);
+        }
+        derivatives(&c, plane)
+    }
+
+    /// `(Wy, Wx)` on already located corners (invalid corners reading 0).
+    fn derivatives<T: Float>(c: &Corners<T>, plane: &[T]) -> (T, T) {
+        let [v00, v01, v10, v11] = values(c, plane);
+        let (ly, lx) = (c.ly, c.lx);
+        let wy = lx * (v11 - v01) + (T::ONE - lx) * (v10 - v00);
+        let wx = ly * (v11 - v10) + (T::ONE - ly) * (v01 - v00);
+        (wy, wx)
+    }
+
+    /// `(Wy, Wx)` under `conv`'s rule (see [`Convention`]):
+    ///
+    /// - [`Convention::Torchvision`]: exactly [`coordinate_weights`] (no window cut-off);
+    /// - [`Convention::Mmcv`]: 0 where [`locate`] says `Outside`, else the same formulas;
+    /// - [`Convention::DcnV1`]: 0 where [`locate_in`] says `Outside`, else the formulas on the
+    ///   collapsed corners (so 0 along an axis whose sample sits on the last row/column band).
+    ///
+    /// NaN offsets give NaN in every convention.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn coordinate_weights_in<T: Float>(
+        conv: Convention,
+        base_y: isize,
+        dy: T,
+        base_x: isize,
+        dx: T,
+        plane: &[T],
+        h: usize,
+        w: usize,
+    ) -> (T, T) {
+        if conv == Convention::Torchvision {
+            return coordinate_weights(base_y, dy, base_x, dx, plane, h, w);
+        }
+        match locate_in(conv, base_y, dy, base_x, dx, h, w) {
+            Sample::Nan => {
+                let nan = T::from_f64(f64::NAN);
+                (nan, nan)
+            }
+            Sample::Outside => (T::ZERO, T::ZERO),
+            Sample::Inside(c) => derivatives(&c, plane),
+        }
+    }
 
     #[test]
     fn window_is_open_at_minus_one_and_size() {
@@ -459,7 +457,7 @@ mod tests {
         let Sample::Inside(c) = locate(1, 0.25, 3, -0.5, 3, 4) else {
             panic!("inside")
         };
-        assert!((c.interpolate(&plane) - 15.0).abs() < 1e-12);
+        assert!((interpolate(&c, &plane) - 15.0).abs() < 1e-12);
         let (wy, wx) = coordinate_weights(1, 0.25, 3, -0.5, &plane, 3, 4);
         assert_eq!((wy, wx), (10.0, 1.0));
     }
@@ -631,7 +629,7 @@ mod tests {
                         (Sample::Inside(c), Some(cs)) => {
                             inside_seen[ci] += 1;
                             let b = reference::bilinear(conv, &input.view(), 0, 0, ry, rx);
-                            assert!(close(c.interpolate(&plane), b), "{at}: value");
+                            assert!(close(interpolate(&c, &plane), b), "{at}: value");
                             // The input-gradient footprint: weights summed per pixel.
                             let (mut fast, mut slow) = (vec![0.0; h * w], vec![0.0; h * w]);
                             for (k, wt) in c.weights().into_iter().enumerate() {
@@ -691,7 +689,7 @@ mod tests {
         };
         assert_eq!((c.y0, c.x0, c.ly, c.lx), (1, 2, 0.0, 0.0));
         assert_eq!(c.index, [5, 5, 5, 5]);
-        assert_eq!(c.interpolate(&plane), 6.0);
+        assert_eq!(interpolate(&c, &plane), 6.0);
         let cw =
             |dy: f64, dx: f64| coordinate_weights_in(Convention::DcnV1, 0, dy, 0, dx, &plane, 2, 3);
         assert_eq!(cw(1.5, 2.25), (0.0, 0.0));

@@ -60,8 +60,9 @@ use rayon::prelude::*;
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::geometry::Geometry;
-use crate::kernels::col2im::{scatter, scatter_columns, TileShape};
-use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant, TapColumns};
+use crate::kernels::col2im::{scatter, TileShape};
+use crate::kernels::columns::{TapColumns, MAX_CELLS};
+use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
 
 use crate::scratch;
@@ -126,8 +127,10 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// The partition of the module docs for `g`.
-    pub(crate) fn new(g: &Geometry, pixel_major: bool) -> Plan {
+    /// The partition of the module docs for `g`, whose planes have `layout`. A pixel-major
+    /// plan packs at most [`MAX_CELLS`] plane cells into one image group, so that the column
+    /// table's `i32` bases reach every cell (validation refuses larger single planes).
+    pub(crate) fn new(g: &Geometry, layout: PlaneLayout, pixel_major: bool) -> Plan {
         let hw = g.out_pixels();
         let tile_pixels = if pixel_major {
             // One pixel's column gradient: K taps of the widest segment (<= C_in/G_off), f32.
@@ -159,7 +162,10 @@ impl Plan {
                 });
             }
         } else if g.n > 0 {
-            let per_group = (tile_pixels / hw).max(1);
+            let mut per_group = (tile_pixels / hw).max(1);
+            if pixel_major {
+                per_group = per_group.min((MAX_CELLS / layout.len()).max(1));
+            }
             let n_groups = g.n.div_ceil(per_group);
             let per_group = g.n.div_ceil(n_groups);
             for first in (0..g.n).step_by(per_group) {
@@ -207,6 +213,12 @@ impl Plan {
         }
     }
 
+    /// Most images in one image group.
+    #[cfg(test)]
+    pub(crate) fn max_images(&self) -> usize {
+        self.max_images
+    }
+
     /// Slot of image `n`.
     fn slot_of_image(&self, n: usize) -> usize {
         // Groups are in image order; find the group of n.
@@ -220,7 +232,7 @@ impl Plan {
     /// Workspace in elements of `T` (plus the sampling tables, counted via `tap_bytes /
     /// elem_bytes`) of the backward computing `want`, with `threads` tasks at once; see the
     /// module docs.
-    #[cfg_attr(not(test), allow(dead_code))] // the documented bound, checked by a unit test
+    #[cfg(test)]
     pub(crate) fn workspace_elements(
         &self,
         g: &Geometry,
@@ -450,12 +462,9 @@ pub(crate) fn run<T: Float>(
         }
         return Stats::default();
     }
-    let candidate = pixel_major_candidate(ops);
-    let plan = Plan::new(g, candidate);
     let layout = PlaneLayout::for_convention(ops.convention, g.h, g.w);
-    // Every cell index must fit the column table's i32 bases.
-    let pixel_major =
-        candidate && plan.max_images.saturating_mul(layout.len()) <= (i32::MAX as usize) / 2;
+    let plan = Plan::new(g, layout, pixel_major_candidate(ops));
+    let pixel_major = plan.pixel_major;
     let n_tasks = plan.tasks(g);
     let mut per_task: Vec<Vec<(usize, ImageOut<'_, T>)>> =
         (0..n_tasks).map(|_| Vec::new()).collect();
@@ -519,9 +528,8 @@ enum Weights {
     TapMajor(Vec<Vec<Vec<crate::kernels::sgemm::PackedB>>>),
 }
 
-/// Whether the backward may run pixel-major ([`crate::kernels::channel_backward`]):
-/// deformable, `f32` on AVX-512 (and, checked once planned, every cell index fits the column
-/// table's `i32` bases). Measured on W4 (`f32`, 1 thread): backward 175 -> 100 ms against the
+/// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]):
+/// deformable, `f32` on AVX-512. Measured on W4 (`f32`, 1 thread): backward 175 -> 100 ms against the
 /// channel-major col2im + coord kernels (same run: forward 53 ms).
 fn pixel_major_candidate<T: Float>(ops: &Operands<'_, T>) -> bool {
     cfg!(target_arch = "x86_64")
@@ -724,16 +732,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let mut wpart = alloc(needs.weight && weight_out.is_none(), part_len);
         let mut first_weight_tile = true;
         let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
-        // The column copy of the table for the AVX-512 f32 loop of `coord`.
         // Dense convolution: zero offsets and no mask, so every sample is one cell with weight 1.
         let dense = self.ops.offset.is_none() && self.ops.mask.is_none();
-        let simd_columns = !dense
-            && needs.input_planes()
-            && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
-            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>();
-        // Torchvision f32 tables are built straight into columns by AVX-512 and every kernel
-        // reads the columns (the row table is not built at all).
-        let direct = self.direct_columns(dense);
+        // Pixel-major torchvision tables are built straight into columns by AVX-512 (the row
+        // table is not built at all).
+        let direct = self.direct_columns();
         // Planes pixel-major and one fused AVX-512 pass per segment instead of col2im + coord.
         let pixel_major = self.pixel_major;
         let mut columns = TapColumns::<T>::default();
@@ -769,18 +772,14 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     taps: k_taps,
                     dense,
                 };
-                let have_columns = if direct {
+                if direct {
                     self.build_columns(group, tile, width, &mut columns, &mut pixel_bases);
-                    true
                 } else {
                     self.build_taps(group, tile, width, &mut taps);
-                    (simd_columns || pixel_major) && columns.fill(&taps)
-                };
-                // `pixel_major` checked that every base fits the columns.
-                assert!(
-                    have_columns || !pixel_major,
-                    "pixel-major pass without columns"
-                );
+                    if pixel_major {
+                        columns.fill(&taps);
+                    }
+                }
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -809,11 +808,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         let planes = (&in_planes[..], &mut gr_planes[..]);
                         self.fused_pass(planes, width, &columns, &gcol, local.clone(), out);
                     } else if needs.input {
-                        if direct {
-                            scatter_columns(&mut gr_planes, shape, &columns, &gcol, local.clone());
-                        } else {
-                            scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
-                        }
+                        scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
                         self.stats.scatters += 1;
                     }
                     if needs.input_planes() && !pixel_major {
@@ -828,10 +823,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                             mask: &mut acc_m,
                             cols: &mut cols,
                         };
-                        let cols_table = have_columns.then_some(&columns);
-                        sample_gradients(
-                            &in_planes, shape, &taps, cols_table, &gcol, local, want, out,
-                        );
+                        sample_gradients(&in_planes, shape, &taps, &gcol, local, want, out);
                         self.stats.sample_passes += 1;
                     }
                     if needs.weight {
@@ -1041,10 +1033,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     }
 
     /// Whether the tile tables are built straight into columns ([`Task::build_columns`]):
-    /// torchvision, `f32`, AVX-512, deformable, and every base coordinate and plane cell far
+    /// pixel-major, torchvision, with offsets, and every base coordinate and plane cell far
     /// inside `i32`. Measured on W1 (1 thread): the row table build and its column copy were
     /// a third of the backward.
-    fn direct_columns(&self, dense: bool) -> bool {
+    fn direct_columns(&self) -> bool {
         use crate::kernels::taps_avx512::LIMIT;
         let g = self.g;
         // Saturating: absurd strides or dilations must not overflow (they fail the check).
@@ -1055,12 +1047,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         };
         let reach_y = reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top);
         let reach_x = reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left);
-        cfg!(target_arch = "x86_64")
-            && !dense
+        self.pixel_major
             && self.ops.offset.is_some()
             && self.ops.convention == Convention::Torchvision
-            && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
-            && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
             && reach_y < LIMIT
             && reach_x < LIMIT
             && (self.plan.max_images + 1).saturating_mul(self.layout.len()) < LIMIT
@@ -1102,7 +1091,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             debug_assert_eq!(base_y.len(), width);
             let f32s = |s: &[T]| {
                 debug_assert!(std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>());
-                // SAFETY: direct columns are used only when T is f32 (`direct_columns`).
+                // SAFETY: direct columns are used only when T is f32 (pixel-major only).
                 unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
             };
             // SAFETY: as above, TapColumns<T> is TapColumns<f32>.
@@ -1133,7 +1122,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         m: mask.map(|m| &m[(n * mc + ch) * hw + px.start..][..px.len()]),
                         plane0: (n - group.images.start) * self.layout.len(),
                     };
-                    // SAFETY: AVX-512F was detected (`direct_columns`).
+                    // SAFETY: AVX-512F was detected (pixel-major only).
                     unsafe { fill_run(cols, self.layout, &run) };
                 }
             }

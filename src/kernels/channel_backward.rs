@@ -25,7 +25,8 @@
 
 use std::ops::Range;
 
-use crate::kernels::coord::{SampleOut, TapColumns};
+use crate::kernels::columns::TapColumns;
+use crate::kernels::coord::SampleOut;
 
 /// Geometry of one pass over a tile.
 #[derive(Debug, Clone, Copy)]
@@ -258,7 +259,7 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::col2im::{scatter_columns, TileShape};
+    use crate::kernels::col2im::{scatter, TileShape};
     use crate::kernels::coord::{sample_gradients, SampleWant};
     use crate::kernels::lanes::{isa, Isa};
     use crate::kernels::taps::PlaneLayout;
@@ -312,7 +313,7 @@ mod tests {
         let taps =
             crate::kernels::taps::tests::hostile_table(layout, k_taps, tile, images, &mut next);
         let mut table = TapColumns::default();
-        assert!(table.fill(&taps));
+        table.fill(&taps);
         // gcol channel-major `[(c K + k)][tile]` and pixel-major `[(q K + k) count + c]`.
         let gcol: Vec<f32> = (0..count * k_taps * tile).map(|_| next() - 0.5).collect();
         let mut gcol_pm = vec![0.0f32; gcol.len()];
@@ -350,7 +351,7 @@ mod tests {
                 dense: false,
             };
             if want.scatter {
-                scatter_columns(grad, shape, &table, &gcol, seg.clone());
+                scatter(grad, shape, &taps, &gcol, seg.clone());
             }
             let sample_want = SampleWant {
                 offset: want.offset,
@@ -363,16 +364,7 @@ mod tests {
                 mask: dm,
                 cols,
             };
-            sample_gradients(
-                &planes,
-                shape,
-                &taps,
-                Some(&table),
-                &gcol,
-                seg.clone(),
-                sample_want,
-                out,
-            );
+            sample_gradients(&planes, shape, &taps, &gcol, seg.clone(), sample_want, out);
 
             let mut new = fresh();
             let mut grad_pm = pm_of(&start);

@@ -33,8 +33,8 @@
 pub(crate) mod channel_backward;
 pub(crate) mod channel_gather;
 pub(crate) mod col2im;
+pub(crate) mod columns;
 pub(crate) mod coord;
-pub(crate) mod coord_avx512;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
