@@ -54,6 +54,14 @@ pub(crate) struct Outputs {
     pub cols: bool,
 }
 
+/// The task's pixel-major planes: the input read, the `grad_input` scattered into.
+pub(crate) struct Planes<'a> {
+    /// Input planes, `[cell][channels]`.
+    pub input: &'a [f32],
+    /// `grad_input` planes, laid out as `input`.
+    pub grad: &'a mut [f32],
+}
+
 /// For the channels `channels` (indices inside a cell) of one segment: scatters `gcol`
 /// (`[(q K + k) * channels.len() + c - channels.start]`) into `grad`, accumulates the offset
 /// and mask gradients into `out.dy`, `out.dx`, `out.mask` (`[k][tile]`) and writes `out.cols`
@@ -67,10 +75,8 @@ pub(crate) struct Outputs {
 /// If a table base (up to `max_base` / `max_scatter`) reaches past the planes, or a slice is
 /// shorter than the pass needs.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn run(
-    input: &[f32],
-    grad: &mut [f32],
+    planes: Planes<'_>,
     shape: CellShape,
     table: &TapColumns<f32>,
     gcol: &[f32],
@@ -78,6 +84,7 @@ pub(crate) unsafe fn run(
     want: Outputs,
     out: SampleOut<'_, f32>,
 ) {
+    let Planes { input, grad } = planes;
     macro_rules! go {
         ($s:literal, $o:literal, $m:literal, $c:literal) => {
             // SAFETY: the caller's contract (AVX-512F).
@@ -384,16 +391,11 @@ mod tests {
             let input = pm_of(&planes);
             // SAFETY: AVX-512F was detected above.
             unsafe {
-                run(
-                    &input,
-                    &mut grad_pm,
-                    shape,
-                    &table,
-                    &gcol_pm,
-                    seg.clone(),
-                    want,
-                    out,
-                )
+                let planes = Planes {
+                    input: &input,
+                    grad: &mut grad_pm,
+                };
+                run(planes, shape, &table, &gcol_pm, seg.clone(), want, out)
             };
             for c in 0..cells {
                 for i in 0..stride {
