@@ -48,6 +48,7 @@
 
 mod driver;
 mod gemms;
+mod operands;
 mod plan;
 mod planes;
 mod problem;

@@ -2,7 +2,7 @@
 //! `weightᵀ · grad_out` and the weight gradient `grad_out · colsᵀ`, by our AVX-512 `f32`
 //! kernels (pixel-major: turned around, tap-major) or by matrixmultiply.
 
-use super::driver::WeightOut;
+use super::operands::WeightOut;
 use super::plan::{Piece, Segment};
 use super::task::Task;
 #[cfg(target_arch = "x86_64")]

@@ -32,7 +32,7 @@
 use std::ops::Range;
 
 #[cfg(test)]
-use super::driver::Needs;
+use super::operands::Needs;
 use crate::geometry::Geometry;
 use crate::kernels::columns::MAX_CELLS;
 use crate::kernels::taps::PlaneLayout;

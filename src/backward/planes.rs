@@ -6,17 +6,10 @@ use std::ops::Range;
 
 use ndarray::ArrayViewMut3;
 
-use super::driver::ImageOut;
+use super::operands::ImageOut;
 use super::plan::{ImageGroup, Piece};
-use super::task::Task;
+use super::task::{SampleGrads, Task};
 use crate::float::Float;
-
-/// A tile's offset and mask gradients, `[k][tile column]` each.
-pub(super) struct SampleGrads<'b, T> {
-    pub(super) dy: &'b [T],
-    pub(super) dx: &'b [T],
-    pub(super) mask: &'b [T],
-}
 
 impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     /// Copies the offset group's input planes of the group's images into the padded buffer

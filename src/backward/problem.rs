@@ -7,7 +7,8 @@ use std::borrow::Cow;
 use ndarray::{Array1, Array4, ArrayView4, ArrayViewMut1, ArrayViewMut3, ArrayViewMut4, Axis};
 use rayon::prelude::*;
 
-use super::driver::{self, ImageOut, Needs, Operands, Stats};
+use super::driver;
+use super::operands::{ImageOut, Needs, Operands, Stats};
 use super::{Grads, GradsMut, Want};
 use crate::convention::Convention;
 use crate::error::{Error, Result};

@@ -25,9 +25,8 @@
 
 use std::ops::Range;
 
-use super::driver::{ImageOut, Needs, Operands, Stats, WeightOut};
+use super::operands::{ImageOut, Needs, Operands, Stats, WeightOut};
 use super::plan::{segments, Plan, Segment};
-use super::planes::SampleGrads;
 use super::weights::Weights;
 use crate::float::Float;
 use crate::geometry::Geometry;
@@ -36,6 +35,13 @@ use crate::kernels::columns::TapColumns;
 use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
 use crate::kernels::taps::{PlaneLayout, Tap};
 use crate::scratch;
+
+/// A tile's offset and mask gradients, `[k][tile column]` each.
+pub(super) struct SampleGrads<'b, T> {
+    pub(super) dy: &'b [T],
+    pub(super) dx: &'b [T],
+    pub(super) mask: &'b [T],
+}
 
 /// The scratch and fixed facts of one (slot, offset group) task.
 pub(super) struct Task<'p, 'a, T> {

@@ -1,7 +1,7 @@
 //! Unit tests of the backward's plumbing: which kernels a subset runs, the plan's limits and
 //! the workspace bound.
 
-use super::driver::{Needs, Stats};
+use super::operands::{Needs, Stats};
 use super::problem::{Operand, Problem, Tensors};
 use super::*;
 use crate::kernels::columns::MAX_CELLS;

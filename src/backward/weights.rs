@@ -4,7 +4,7 @@
 
 use rayon::prelude::*;
 
-use super::driver::{Operands, Stats};
+use super::operands::{Operands, Stats};
 use super::plan::{segments, Plan, Segment};
 use crate::float::Float;
 use crate::geometry::Geometry;
