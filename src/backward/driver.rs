@@ -68,7 +68,7 @@ pub(crate) fn run<T: Float>(
         .map(|(t, views)| {
             let (slot, og) = (t / g.offset_groups, t % g.offset_groups);
             let out = if slot == 0 { shared } else { None };
-            let task = Task::new(g, &plan, ops, needs, og, &weights, pixel_major);
+            let task = Task::new(g, &plan, ops, needs, og, &weights);
             task.run(slot, views, out)
         })
         .collect();

@@ -2,11 +2,11 @@
 //! `weightᵀ · grad_out` and the weight gradient `grad_out · colsᵀ`, by our AVX-512 `f32`
 //! kernels (pixel-major: turned around, tap-major) or by matrixmultiply.
 
-use super::operands::WeightOut;
+use super::operands::{Scope, Stats, WeightOut};
 use super::plan::{Piece, Segment};
-use super::task::Task;
+use super::weights::Weights;
 #[cfg(target_arch = "x86_64")]
-use super::weights::{Weights, GEMM_COLUMNS};
+use super::weights::GEMM_COLUMNS;
 use crate::float::Float;
 
 /// A GEMM's output block: rows `ld` elements apart from `ptr`.
@@ -21,7 +21,42 @@ impl<T> OutBlock<T> {
     }
 }
 
-impl<'p, 'a, T: Float> Task<'p, 'a, T> {
+/// A task's GEMM stage: the prepared weight, the packed operands reused across tiles, and
+/// the count of GEMMs run.
+pub(super) struct Gemms<'p, 'a, T> {
+    s: Scope<'p, 'a, T>,
+    /// The weight prepared for the column-gradient GEMM.
+    weights: &'p Weights,
+    /// The GEMM's packed `B` block (reused across tiles).
+    packed_b: Vec<f32>,
+    /// The tile's `grad_out` packed as `A` of the weight-gradient GEMM, when the AVX-512 `f32`
+    /// kernel applies.
+    #[cfg(target_arch = "x86_64")]
+    packed_gt: Option<crate::kernels::sgemm::PackedA>,
+    /// The tile's `grad_outᵀ`, packed as `A` of the pixel-major column-gradient GEMM.
+    #[cfg(target_arch = "x86_64")]
+    packed_gt_t: Option<crate::kernels::sgemm::PackedA>,
+    /// GEMMs run (`gcol_gemms`, `weight_gemms`).
+    pub(super) stats: Stats,
+}
+
+impl<'p, 'a, T: Float> Gemms<'p, 'a, T> {
+    /// The stage of the task `s`, with the weight prepared by `weights`.
+    pub(super) fn new(s: Scope<'p, 'a, T>, weights: &'p Weights) -> Self {
+        Gemms {
+            s,
+            weights,
+            packed_b: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            packed_gt: (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+                && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512)
+                .then(|| crate::kernels::sgemm::PackedA::pack_strided(&[], 0, 0, 0, 0)),
+            #[cfg(target_arch = "x86_64")]
+            packed_gt_t: None,
+            stats: Stats::default(),
+        }
+    }
+
     /// `gt[o, col] = grad_out[n, conv_group * C_out/groups + o, p]` for the tile's pixels.
     #[inline(never)]
     pub(super) fn pack_grad_out(
@@ -31,7 +66,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         width: usize,
         gt: &mut [T],
     ) {
-        let g = self.g;
+        let g = self.s.g;
         let hw = g.out_pixels();
         let cog = g.c_out_per_group();
         for o in 0..cog {
@@ -39,7 +74,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             for pc in tile {
                 let src = (pc.image * g.c_out + conv_group * cog + o) * hw;
                 let dst = &mut row[pc.col0..][..pc.pixels.len()];
-                dst.copy_from_slice(&self.ops.grad_out[src + pc.pixels.start..src + pc.pixels.end]);
+                dst.copy_from_slice(
+                    &self.s.ops.grad_out[src + pc.pixels.start..src + pc.pixels.end],
+                );
             }
         }
     }
@@ -53,8 +90,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         gt: &[T],
         gcol: &mut [T],
     ) {
-        let g = self.g;
-        let Some(weight) = self.ops.weight else {
+        let g = self.s.g;
+        let Some(weight) = self.s.ops.weight else {
             debug_assert!(false, "the column gradient needs the weight");
             return;
         };
@@ -69,12 +106,12 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         self.stats.gcol_gemms += 1;
         #[cfg(target_arch = "x86_64")]
         if let Weights::TapMajor(per_group) = self.weights {
-            let blocks = &per_group[self.og][si];
+            let blocks = &per_group[self.s.og][si];
             return self.column_gradient_tap_major(rows, width, gt, blocks, gcol);
         }
         #[cfg(target_arch = "x86_64")]
         if let Weights::Packed(per_group) = self.weights {
-            let packed = &per_group[self.og];
+            let packed = &per_group[self.s.og];
             let cast = |s: &[T]| {
                 // SAFETY: `packed_wt` exists only when T is f32 (see `pack_weight_t`).
                 unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
@@ -136,7 +173,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     ) {
         use crate::kernels::sgemm::{multiply_packed, Init, PackedA};
         use crate::kernels::{same_type, same_type_mut};
-        let cog = self.g.c_out_per_group();
+        let cog = self.s.g.c_out_per_group();
         let (Some(gt), Some(gcol)) = (same_type::<T, f32>(gt), same_type_mut::<T, f32>(gcol))
         else {
             debug_assert!(false, "tap-major weights exist only for f32");
@@ -173,7 +210,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
     ) {
         use crate::kernels::sgemm::{multiply, Init, MatB, PackedA};
         use crate::kernels::{same_type, same_type_mut};
-        let cog = self.g.c_out_per_group();
+        let cog = self.s.g.c_out_per_group();
         let f32s = (
             same_type::<T, f32>(gt),
             same_type::<T, f32>(cols),
@@ -228,11 +265,11 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         part: &mut [T],
         beta: T,
     ) {
-        let cog = self.g.c_out_per_group();
+        let cog = self.s.g.c_out_per_group();
         debug_assert!(gt.len() >= cog * width && cols.len() >= rows * width);
         debug_assert!(part.len() >= cog * rows);
         #[cfg(target_arch = "x86_64")]
-        if self.pixel_major {
+        if self.s.pixel_major {
             return self.weight_gradient_tap_major(rows, width, gt, cols, part, beta);
         }
         // SAFETY: part is cog x rows row-major, exclusive (checked above).
@@ -292,7 +329,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         #[cfg(target_arch = "x86_64")]
         if let Some(packed) = self.packed_gt.as_mut() {
             use crate::kernels::sgemm::{multiply, Init, MatB};
-            let cog = self.g.c_out_per_group();
+            let cog = self.s.g.c_out_per_group();
             let cast = |s: &[T]| {
                 // SAFETY: `packed_gt` exists only when T is f32 (see `Task::new`).
                 unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
@@ -339,7 +376,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         out: WeightOut<T>,
         beta: T,
     ) {
-        let g = self.g;
+        let g = self.s.g;
         let k_taps = g.taps();
         let cink = g.c_in_per_group() * k_taps;
         let cog = g.c_out_per_group();

@@ -4,6 +4,8 @@
 use ndarray::{ArrayView4, ArrayViewMut3};
 
 use crate::convention::Convention;
+use crate::geometry::Geometry;
+use crate::kernels::taps::PlaneLayout;
 
 /// Which gradients to compute (the driver's copy of `Want`, without the bias).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -101,3 +103,25 @@ pub(super) struct WeightOut<T> {
 unsafe impl<T: Send> Send for WeightOut<T> {}
 // SAFETY: as above; no two tasks ever access the same element.
 unsafe impl<T: Sync> Sync for WeightOut<T> {}
+
+/// The fixed facts of one task, which its stages (tables, planes, GEMMs) read.
+pub(super) struct Scope<'p, 'a, T> {
+    pub(super) g: &'p Geometry,
+    pub(super) ops: &'p Operands<'a, T>,
+    /// The task's offset group.
+    pub(super) og: usize,
+    /// The padded plane layout of the problem's convention.
+    pub(super) layout: PlaneLayout,
+    /// Most images of one image group (the task's planes hold that many per channel).
+    pub(super) max_images: usize,
+    /// Planes, column gradient and columns pixel-major (see `driver::pixel_major_candidate`).
+    pub(super) pixel_major: bool,
+}
+
+impl<T> Clone for Scope<'_, '_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Scope<'_, '_, T> {}

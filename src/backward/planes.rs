@@ -7,23 +7,32 @@ use std::ops::Range;
 use ndarray::ArrayViewMut3;
 
 use super::operands::ImageOut;
+use super::operands::Scope;
 use super::plan::{ImageGroup, Piece};
-use super::task::{SampleGrads, Task};
 use crate::float::Float;
 
-impl<'p, 'a, T: Float> Task<'p, 'a, T> {
+/// A tile's offset and mask gradients, `[k][tile column]` each.
+pub(super) struct SampleGrads<'b, T> {
+    pub(super) dy: &'b [T],
+    pub(super) dx: &'b [T],
+    pub(super) mask: &'b [T],
+}
+
+impl<T: Float> Scope<'_, '_, T> {
     /// Copies the offset group's input planes of the group's images into the padded buffer
-    /// (zero borders stay zero; a replicated layout's border is rewritten from the new rows).
+    /// (zero borders stay zero; a replicated layout's border is rewritten from the new rows);
+    /// returns the planes copied.
     #[inline(never)]
-    pub(super) fn load_input(&mut self, group: &ImageGroup, planes: &mut [T]) {
+    pub(super) fn load_input(&self, group: &ImageGroup, planes: &mut [T]) -> usize {
         let Some(input) = &self.ops.input else {
-            return;
+            return 0;
         };
+        let mut copies = 0;
         let cpo = self.g.c_per_offset_group();
         let l = self.layout;
         for (j, n) in group.images.clone().enumerate() {
             for c in 0..cpo {
-                let plane = &mut planes[(c * self.plan.max_images + j) * l.len()..][..l.len()];
+                let plane = &mut planes[(c * self.max_images + j) * l.len()..][..l.len()];
                 let src = input.index_axis(ndarray::Axis(0), n);
                 let src = src.index_axis(ndarray::Axis(0), self.og * cpo + c);
                 if let Some(src) = src.as_slice() {
@@ -41,19 +50,21 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     }
                 }
                 l.replicate_border(plane);
-                self.stats.input_copies += 1;
+                copies += 1;
             }
         }
+        copies
     }
 
-    /// [`Task::load_input`] into pixel-major planes: image `j`'s cell `i`, local channel `c`
+    /// [`Scope::load_input`] into pixel-major planes: image `j`'s cell `i`, local channel `c`
     /// at `planes[(j * cells + i) * C_in/G_off + c]`.
     #[inline(never)]
-    pub(super) fn load_input_pixel_major(&mut self, group: &ImageGroup, planes: &mut [T]) {
+    pub(super) fn load_input_pixel_major(&self, group: &ImageGroup, planes: &mut [T]) -> usize {
         use crate::kernels::pixel_major::to_pixel_major;
         let Some(input) = &self.ops.input else {
-            return;
+            return 0;
         };
+        let mut copies = 0;
         let cpo = self.g.c_per_offset_group();
         let l = self.layout;
         let channels = self.og * cpo..(self.og + 1) * cpo;
@@ -91,8 +102,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 let (last, below) = (l.index(h - 1, 0) * cpo, l.index(h, 0) * cpo);
                 cells.copy_within(last..last + (l.w + 1) * cpo, below);
             }
-            self.stats.input_copies += cpo;
+            copies += cpo;
         }
+        copies
     }
 
     /// Copies the interiors of the grad_input planes into the owned views.
@@ -105,7 +117,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 continue;
             };
             for c in 0..cpo {
-                let plane = &planes[(c * self.plan.max_images + j) * l.len()..][..l.len()];
+                let plane = &planes[(c * self.max_images + j) * l.len()..][..l.len()];
                 let mut dst = view.index_axis_mut(ndarray::Axis(0), c);
                 if let Some(dst) = dst.as_slice_mut() {
                     for (r, row) in dst.chunks_exact_mut(l.w.max(1)).enumerate().take(l.h) {
@@ -123,7 +135,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         }
     }
 
-    /// [`Task::store_input_grad`] from pixel-major planes.
+    /// [`Scope::store_input_grad`] from pixel-major planes.
     #[inline(never)]
     pub(super) fn store_input_grad_pixel_major(
         &self,

@@ -2,15 +2,15 @@
 //! the problem's convention, or, on the pixel-major torchvision path, built straight into
 //! columns ([`TapColumns`]).
 
+use super::operands::Scope;
 use super::plan::{ImageGroup, Piece};
-use super::task::Task;
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::kernels::columns::TapColumns;
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, Rule, Tap, TorchvisionRule};
 
-impl<'p, 'a, T: Float> Task<'p, 'a, T> {
-    /// Whether the tile tables are built straight into columns ([`Task::build_columns`]):
+impl<T: Float> Scope<'_, '_, T> {
+    /// Whether the tile tables are built straight into columns ([`Scope::build_columns`]):
     /// pixel-major, torchvision, with offsets, and every base coordinate and plane cell far
     /// inside `i32`. Measured on W1 (1 thread): the row table build and its column copy were
     /// a third of the backward.
@@ -30,7 +30,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             && self.ops.convention == Convention::Torchvision
             && reach_y < LIMIT
             && reach_x < LIMIT
-            && (self.plan.max_images + 1).saturating_mul(self.layout.len()) < LIMIT
+            && (self.max_images + 1).saturating_mul(self.layout.len()) < LIMIT
     }
 
     /// The tile's table `[k][tile column]` built straight into `columns` (see

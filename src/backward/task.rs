@@ -25,8 +25,10 @@
 
 use std::ops::Range;
 
-use super::operands::{ImageOut, Needs, Operands, Stats, WeightOut};
+use super::gemms::Gemms;
+use super::operands::{ImageOut, Needs, Operands, Scope, Stats, WeightOut};
 use super::plan::{segments, Plan, Segment};
+use super::planes::SampleGrads;
 use super::weights::Weights;
 use crate::float::Float;
 use crate::geometry::Geometry;
@@ -36,36 +38,14 @@ use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
 use crate::kernels::taps::{PlaneLayout, Tap};
 use crate::scratch;
 
-/// A tile's offset and mask gradients, `[k][tile column]` each.
-pub(super) struct SampleGrads<'b, T> {
-    pub(super) dy: &'b [T],
-    pub(super) dx: &'b [T],
-    pub(super) mask: &'b [T],
-}
-
 /// The scratch and fixed facts of one (slot, offset group) task.
 pub(super) struct Task<'p, 'a, T> {
-    pub(super) g: &'p Geometry,
-    pub(super) plan: &'p Plan,
-    pub(super) ops: &'p Operands<'a, T>,
-    pub(super) needs: Needs,
-    pub(super) og: usize,
-    pub(super) segs: Vec<Segment>,
-    /// The weight prepared for the column-gradient GEMM.
-    pub(super) weights: &'p Weights,
-    /// Planes, column gradient and columns pixel-major (see [`pixel_major_candidate`]).
-    pub(super) pixel_major: bool,
-    /// The GEMM's packed `B` block (reused across tiles).
-    pub(super) packed_b: Vec<f32>,
-    /// The tile's `grad_out` packed as `A` of the weight-gradient GEMM, when the AVX-512 `f32`
-    /// kernel applies.
-    #[cfg(target_arch = "x86_64")]
-    pub(super) packed_gt: Option<crate::kernels::sgemm::PackedA>,
-    /// The tile's `grad_outᵀ`, packed as `A` of the pixel-major column-gradient GEMM.
-    #[cfg(target_arch = "x86_64")]
-    pub(super) packed_gt_t: Option<crate::kernels::sgemm::PackedA>,
-    pub(super) layout: PlaneLayout,
-    pub(super) stats: Stats,
+    s: Scope<'p, 'a, T>,
+    plan: &'p Plan,
+    needs: Needs,
+    segs: Vec<Segment>,
+    gemms: Gemms<'p, 'a, T>,
+    stats: Stats,
 }
 
 impl<'p, 'a, T: Float> Task<'p, 'a, T> {
@@ -76,25 +56,21 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         needs: Needs,
         og: usize,
         weights: &'p Weights,
-        pixel_major: bool,
     ) -> Self {
-        Task {
+        let s = Scope {
             g,
-            plan,
             ops,
-            needs,
             og,
-            segs: segments(g, og),
-            weights,
-            pixel_major,
-            packed_b: Vec::new(),
-            #[cfg(target_arch = "x86_64")]
-            packed_gt: (std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-                && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512)
-                .then(|| crate::kernels::sgemm::PackedA::pack_strided(&[], 0, 0, 0, 0)),
-            #[cfg(target_arch = "x86_64")]
-            packed_gt_t: None,
             layout: PlaneLayout::for_convention(ops.convention, g.h, g.w),
+            max_images: plan.max_images,
+            pixel_major: plan.pixel_major,
+        };
+        Task {
+            s,
+            plan,
+            needs,
+            segs: segments(g, og),
+            gemms: Gemms::new(s, weights),
             stats: Stats::default(),
         }
     }
@@ -107,7 +83,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         mut views: Vec<(usize, ImageOut<'_, T>)>,
         weight_out: Option<WeightOut<T>>,
     ) -> (Vec<T>, Stats) {
-        let g = self.g;
+        let g = self.s.g;
         let needs = self.needs;
         let k_taps = g.taps();
         let cpo = g.c_per_offset_group();
@@ -119,7 +95,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             .map(|s| (s.c_hi - s.c_lo) * k_taps)
             .max()
             .unwrap_or(0);
-        let planes_len = self.plan.max_images * cpo * self.layout.len();
+        let planes_len = self.plan.max_images * cpo * self.s.layout.len();
         // Zeroed buffers, the large ones from this thread's cache (see `scratch`).
         let alloc = |on: bool, len: usize| if on { scratch::take(len) } else { Vec::new() };
         let mut in_planes = alloc(needs.input_planes(), planes_len);
@@ -137,12 +113,12 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let mut first_weight_tile = true;
         let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
         // Dense convolution: zero offsets and no mask, so every sample is one cell with weight 1.
-        let dense = self.ops.offset.is_none() && self.ops.mask.is_none();
+        let dense = self.s.ops.offset.is_none() && self.s.ops.mask.is_none();
         // Pixel-major torchvision tables are built straight into columns by AVX-512 (the row
         // table is not built at all).
-        let direct = self.direct_columns();
+        let direct = self.s.direct_columns();
         // Planes pixel-major and one fused AVX-512 pass per segment instead of col2im + coord.
-        let pixel_major = self.pixel_major;
+        let pixel_major = self.s.pixel_major;
         let mut columns = TapColumns::<T>::default();
         let mut pixel_bases = (Vec::new(), Vec::new());
         self.stats.grad_plane_elems += gr_planes.len();
@@ -159,9 +135,9 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 .all(|((n, _), m)| *n == m));
             if needs.input_planes() {
                 if pixel_major {
-                    self.load_input_pixel_major(group, &mut in_planes);
+                    self.stats.input_copies += self.s.load_input_pixel_major(group, &mut in_planes);
                 } else {
-                    self.load_input(group, &mut in_planes);
+                    self.stats.input_copies += self.s.load_input(group, &mut in_planes);
                 }
             }
             if needs.input {
@@ -170,16 +146,17 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             for tile in &group.tiles {
                 let width: usize = tile.iter().map(|pc| pc.pixels.len()).sum();
                 let shape = TileShape {
-                    channel_stride: self.plan.max_images * self.layout.len(),
-                    pitch: self.layout.pitch(),
+                    channel_stride: self.plan.max_images * self.s.layout.len(),
+                    pitch: self.s.layout.pitch(),
                     tile: width,
                     taps: k_taps,
                     dense,
                 };
                 if direct {
-                    self.build_columns(group, tile, width, &mut columns, &mut pixel_bases);
+                    self.s
+                        .build_columns(group, tile, width, &mut columns, &mut pixel_bases);
                 } else {
-                    self.build_taps(group, tile, width, &mut taps);
+                    self.s.build_taps(group, tile, width, &mut taps);
                     if pixel_major {
                         columns.fill(&taps);
                     }
@@ -195,12 +172,14 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 for (si, seg) in self.segs.clone().iter().enumerate() {
                     let rows = (seg.c_hi - seg.c_lo) * k_taps;
                     if packed_group != seg.conv_group {
-                        self.pack_grad_out(seg.conv_group, tile, width, &mut gt);
+                        self.gemms
+                            .pack_grad_out(seg.conv_group, tile, width, &mut gt);
                         packed_group = seg.conv_group;
                     }
-                    let local = seg.c_lo - self.og * cpo..seg.c_hi - self.og * cpo;
+                    let local = seg.c_lo - self.s.og * cpo..seg.c_hi - self.s.og * cpo;
                     if needs.gcol() {
-                        self.column_gradient(si, seg, width, &gt, &mut gcol[..rows * width]);
+                        self.gemms
+                            .column_gradient(si, seg, width, &gt, &mut gcol[..rows * width]);
                     }
                     if pixel_major {
                         let out = SampleOut {
@@ -234,10 +213,13 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         let cols = &cols[..rows * width];
                         let beta = if first_weight_tile { T::ZERO } else { T::ONE };
                         match weight_out {
-                            Some(w) => self.weight_gradient_into(seg, width, &gt, cols, w, beta),
+                            Some(w) => self
+                                .gemms
+                                .weight_gradient_into(seg, width, &gt, cols, w, beta),
                             None => {
                                 let part = &mut wpart[seg.part_offset..][..cog * rows];
-                                self.weight_gradient(rows, width, &gt, cols, part, beta);
+                                self.gemms
+                                    .weight_gradient(rows, width, &gt, cols, part, beta);
                             }
                         }
                     }
@@ -249,21 +231,22 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         dx: &acc_dx,
                         mask: &acc_m,
                     };
-                    self.write_sample_grads(group, tile, width, group_views, grads);
+                    self.s
+                        .write_sample_grads(group, tile, width, group_views, grads);
                 }
             }
             if needs.input {
                 if pixel_major {
-                    self.store_input_grad_pixel_major(&gr_planes, group_views);
+                    self.s.store_input_grad_pixel_major(&gr_planes, group_views);
                 } else {
-                    self.store_input_grad(&gr_planes, group_views);
+                    self.s.store_input_grad(&gr_planes, group_views);
                 }
             }
         }
         for buf in [in_planes, gr_planes, gcol, cols, gt] {
             scratch::give(buf);
         }
-        (wpart, self.stats)
+        (wpart, self.stats.add(self.gemms.stats))
     }
 
     /// The fused pixel-major pass of one segment (`f32` only; see [`pixel_major_candidate`]).
@@ -306,10 +289,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             // SAFETY: T is f32 (checked by `same_type`), so the table has the same layout.
             let table = unsafe { &*(columns as *const TapColumns<T> as *const TapColumns<f32>) };
             let shape = CellShape {
-                channels: self.g.c_per_offset_group(),
-                pitch: self.layout.pitch(),
+                channels: self.s.g.c_per_offset_group(),
+                pitch: self.s.layout.pitch(),
                 tile: width,
-                taps: self.g.taps(),
+                taps: self.s.g.taps(),
             };
             let want = Outputs {
                 scatter: needs.input,

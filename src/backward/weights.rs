@@ -8,10 +8,12 @@ use super::operands::{Operands, Stats};
 use super::plan::{segments, Plan, Segment};
 use crate::float::Float;
 use crate::geometry::Geometry;
+#[cfg(target_arch = "x86_64")]
 use crate::scratch;
 
 /// Columns of `B` per call of the pixel-major GEMMs: a `KC x 480` packed block (480 KiB)
 /// stays in L2 while every row panel of `A` passes over it.
+#[cfg(target_arch = "x86_64")]
 pub(super) const GEMM_COLUMNS: usize = 480;
 
 /// `weightᵀ` of one segment, packed for the AVX-512 `f32` GEMM.
