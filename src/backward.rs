@@ -44,6 +44,10 @@
 //! the next call (W4, 2 threads: about 36 MiB in all; W2: 26-30 MiB); [`release_cached_scratch`]
 //! frees it.
 //!
+//! **Limits.** The deformable backward refuses input planes of more than `2^30 - 1` cells with
+//! their border, `(H + 2) * (W + 3)`, with [`Error::TooLarge`]: a task addresses its planes with
+//! `i32` indices (the forward likewise refuses planes past `2^31 - 1` pixels).
+//!
 //! Threads come from the caller's rayon pool (`ThreadPool::install`).
 
 mod driver;
