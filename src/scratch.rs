@@ -21,6 +21,32 @@ const MAX_BUFFERS: usize = 8;
 thread_local! {
     /// The cached buffers (each a `Vec<T>` of some element type) and their bytes.
     static POOL: RefCell<(Vec<Box<dyn Any>>, usize)> = const { RefCell::new((Vec::new(), 0)) };
+    /// Whole working sets kept between tiles and calls, at most one per type (see [`keep`]).
+    static KEPT: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's kept value of type `S` (see [`keep`]), or `None`. A nested call on the same
+/// thread finds nothing and builds its own.
+pub(crate) fn take_kept<S: Any>() -> Option<S> {
+    KEPT.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        let at = kept.iter().position(|b| b.is::<S>())?;
+        kept.swap_remove(at).downcast::<S>().ok().map(|b| *b)
+    })
+}
+
+/// Keeps `value` on this thread for the next [`take_kept`] of its type, if it holds at most
+/// `MAX_BYTES` (`bytes`, as the caller counts them); a value of that type already kept is
+/// replaced. [`clear`] frees it.
+pub(crate) fn keep<S: Any>(value: S, bytes: usize) {
+    if bytes > MAX_BYTES {
+        return;
+    }
+    KEPT.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        kept.retain(|b| !b.is::<S>());
+        kept.push(Box::new(value));
+    });
 }
 
 /// A zeroed `Vec<T>` of `len` elements, reusing a cached buffer of this thread when one is
@@ -79,8 +105,9 @@ pub(crate) fn give<T: Float + 'static>(v: Vec<T>) {
     });
 }
 
-/// Frees this thread's cached buffers.
+/// Frees this thread's cached buffers and kept values.
 pub(crate) fn clear() {
+    KEPT.with(|kept| kept.borrow_mut().clear());
     POOL.with(|pool| {
         let (bufs, bytes) = &mut *pool.borrow_mut();
         bufs.clear();

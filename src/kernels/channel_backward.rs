@@ -25,6 +25,9 @@
 
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
+mod pairs;
+
 use crate::kernels::columns::TapColumns;
 use crate::kernels::coord::SampleOut;
 
@@ -159,9 +162,18 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
     let cells_needed = |max: usize| (max + pitch + 2).saturating_mul(cpc);
     assert!(!need_in || cells_needed(table.max_base) <= input.len());
     assert!(!SCATTER || cells_needed(table.max_scatter) <= grad.len());
+    if count <= 8 {
+        let out = SampleOut { dy, dx, mask, cols };
+        // SAFETY: AVX-512F (this function's contract); the bounds asserted above.
+        unsafe {
+            pairs::pass::<SCATTER, OFFSET, MASK, COLS>(
+                input, grad, shape, table, gcol, channels, out,
+            )
+        };
+        return;
+    }
     let corner = [0, cpc, pitch * cpc, (pitch + 1) * cpc];
     let zero = _mm512_setzero_ps();
-    let one = _mm512_set1_ps(1.0);
     let (input_at, grad_at) = (input.as_ptr(), grad.as_mut_ptr());
 
     for q in 0..tile {
@@ -194,13 +206,7 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
                     let v: [__m512; 4] = std::array::from_fn(|j| unsafe {
                         _mm512_maskz_loadu_ps(cm, input_at.add(gather + corner[j] + o))
                     });
-                    let bil = _mm512_add_ps(
-                        _mm512_add_ps(
-                            _mm512_add_ps(_mm512_mul_ps(w[0], v[0]), _mm512_mul_ps(w[1], v[1])),
-                            _mm512_mul_ps(w[2], v[2]),
-                        ),
-                        _mm512_mul_ps(w[3], v[3]),
-                    );
+                    let bil = bilinear(&w, &v);
                     let bil = _mm512_maskz_mov_ps(inside, bil);
                     if COLS {
                         // SAFETY: row + count <= cols.len() (asserted).
@@ -210,14 +216,7 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
                         }
                     }
                     if OFFSET {
-                        let wy = _mm512_add_ps(
-                            _mm512_mul_ps(lx, _mm512_sub_ps(v[3], v[1])),
-                            _mm512_mul_ps(_mm512_sub_ps(one, lx), _mm512_sub_ps(v[2], v[0])),
-                        );
-                        let wx = _mm512_add_ps(
-                            _mm512_mul_ps(ly, _mm512_sub_ps(v[3], v[2])),
-                            _mm512_mul_ps(_mm512_sub_ps(one, ly), _mm512_sub_ps(v[1], v[0])),
-                        );
+                        let (wy, wx) = corner_derivatives(&v, ly, lx);
                         sy = _mm512_mask_add_ps(sy, cm, sy, _mm512_mul_ps(gm, wy));
                         sx = _mm512_mask_add_ps(sx, cm, sx, _mm512_mul_ps(gm, wx));
                     }
@@ -263,6 +262,48 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
     }
 }
 
+/// `((w0 v0 + w1 v1) + w2 v2) + w3 v3`: the bilinear value of corners `v` (order `(y0,x0),
+/// (y0,x1), (y1,x0), (y1,x1)`), in the scalar definition's order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn bilinear(
+    w: &[std::arch::x86_64::__m512; 4],
+    v: &[std::arch::x86_64::__m512; 4],
+) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    _mm512_add_ps(
+        _mm512_add_ps(
+            _mm512_add_ps(_mm512_mul_ps(w[0], v[0]), _mm512_mul_ps(w[1], v[1])),
+            _mm512_mul_ps(w[2], v[2]),
+        ),
+        _mm512_mul_ps(w[3], v[3]),
+    )
+}
+
+/// The bilinear value's derivatives along y and x at fractions `(ly, lx)`:
+/// `wy = lx (v3 - v1) + (1 - lx)(v2 - v0)`, `wx = ly (v3 - v2) + (1 - ly)(v1 - v0)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn corner_derivatives(
+    v: &[std::arch::x86_64::__m512; 4],
+    ly: std::arch::x86_64::__m512,
+    lx: std::arch::x86_64::__m512,
+) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
+    use std::arch::x86_64::*;
+    let one = _mm512_set1_ps(1.0);
+    let wy = _mm512_add_ps(
+        _mm512_mul_ps(lx, _mm512_sub_ps(v[3], v[1])),
+        _mm512_mul_ps(_mm512_sub_ps(one, lx), _mm512_sub_ps(v[2], v[0])),
+    );
+    let wx = _mm512_add_ps(
+        _mm512_mul_ps(ly, _mm512_sub_ps(v[3], v[2])),
+        _mm512_mul_ps(_mm512_sub_ps(one, ly), _mm512_sub_ps(v[1], v[0])),
+    );
+    (wy, wx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,7 +327,8 @@ mod tests {
             eprintln!("no AVX-512 on this CPU: the pixel-major pass is never used");
             return;
         }
-        for seg in [3..27, 3..37] {
+        // Segments of at most 8 channels (two samples a vector, `pairs`): 8, 5 and 1.
+        for seg in [3..27, 3..37, 3..11, 5..10, 36..37] {
             fused_pass_case(seg);
         }
     }

@@ -127,9 +127,23 @@ fn pack_b(b: MatB<'_>, r0: usize, kc: usize, len: usize, out: &mut [f32]) {
         let (q0, width) = (p * NR, NR.min(len - p * NR));
         let panel = &mut out[p * kc * NR..][..kc * NR];
         if b.cs == 1 {
+            // Three masked vector copies a row, the zero padding included: `copy_from_slice`
+            // called memcpy for every 48-float row (W1 dense forward, 1 thread: 17% of the time
+            // in memcpy; 0.63 -> 0.56 ms).
             for (k, dst) in panel.chunks_exact_mut(NR).enumerate() {
-                dst[..width].copy_from_slice(&b.data[(r0 + k) * b.rs + q0..][..width]);
-                dst[width..].fill(0.0);
+                let src = &b.data[(r0 + k) * b.rs + q0..][..width];
+                for v in 0..NR / LANES {
+                    let lanes = crate::kernels::transpose::first_lanes(
+                        width.saturating_sub(v * LANES).min(LANES),
+                    );
+                    // SAFETY: the live lanes are columns v * 16 .. < width of `src` (the address
+                    // is formed by wrapping_add: with no live lane it may lie past `src`, and
+                    // is not read); the store covers dst[v * 16 ..][..16], inside the row.
+                    unsafe {
+                        let x = _mm512_maskz_loadu_ps(lanes, src.as_ptr().wrapping_add(v * LANES));
+                        _mm512_storeu_ps(dst.as_mut_ptr().add(v * LANES), x);
+                    }
+                }
             }
             continue;
         }
