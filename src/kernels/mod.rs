@@ -103,6 +103,7 @@ pub(crate) struct Source<'a, T> {
 /// side in a buffer of row stride `ld`. `images` (deformable `f32` only) holds `image`
 /// pixel-major, for the channel-vectorised gather.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn fill_columns<T: crate::Float>(
     src: &Source<'_, T>,
     image: usize,
