@@ -44,22 +44,30 @@
 //! the next call (W4, 2 threads: about 36 MiB in all; W2: 26-30 MiB); [`release_cached_scratch`]
 //! frees it.
 //!
+//! **Limits.** The deformable backward refuses input planes of more than `2^30 - 1` cells with
+//! their border, `(H + 2) * (W + 3)`, with [`Error::TooLarge`]: a task addresses its planes with
+//! `i32` indices (the forward likewise refuses planes past `2^31 - 1` pixels).
+//!
 //! Threads come from the caller's rayon pool (`ThreadPool::install`).
 
 mod driver;
+mod gemms;
+mod operands;
+mod plan;
+mod planes;
+mod problem;
+mod tables;
+mod task;
+mod weights;
 
-use std::borrow::Cow;
+use ndarray::{Array1, Array4, ArrayView4, ArrayViewMut1, ArrayViewMut4};
 
-use ndarray::{Array1, Array4, ArrayView4, ArrayViewMut1, ArrayViewMut3, ArrayViewMut4, Axis};
-use rayon::prelude::*;
-
-use crate::convention::Convention;
 use crate::error::{Error, Result};
 use crate::float::Float;
-use crate::geometry::{try_zeros, Geometry};
+use crate::geometry::Geometry;
 use crate::params::ConvParams;
 
-use driver::{ImageOut, Needs, Operands, Stats};
+use problem::{dims, grad_bias_into, row_major, Operand, Problem, Tensors};
 
 /// Which gradients a combined backward computes.
 ///
@@ -158,249 +166,6 @@ pub struct GradsMut<'a, T> {
     pub bias: Option<ArrayViewMut1<'a, T>>,
 }
 
-fn dims(shape: &[usize]) -> [usize; 4] {
-    [shape[0], shape[1], shape[2], shape[3]]
-}
-
-/// The elements in row-major order, borrowed when the view already is.
-fn row_major<'a, T: Float>(v: &ArrayView4<'a, T>) -> Cow<'a, [T]> {
-    match v.to_slice() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(v.iter().copied().collect()),
-    }
-}
-
-/// The problem's tensors, shape-checked.
-struct Problem<'a, T> {
-    g: Geometry,
-    grad_out: ArrayView4<'a, T>,
-    input: Option<ArrayView4<'a, T>>,
-    offset: Option<ArrayView4<'a, T>>,
-    mask: Option<ArrayView4<'a, T>>,
-    weight: Option<ArrayView4<'a, T>>,
-    /// The sampling convention (torchvision for a dense problem).
-    convention: Convention,
-}
-
-impl<'a, T: Float> Problem<'a, T> {
-    /// Validates a deformable problem (`offset` present) or a dense one (`offset` absent, offset
-    /// groups forced to 1, convention forced to torchvision: a dense convolution samples integer
-    /// positions only, where every convention reads the same pixel or nothing).
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        grad_out: ArrayView4<'a, T>,
-        input_shape: [usize; 4],
-        input: Option<ArrayView4<'a, T>>,
-        offset: Option<ArrayView4<'a, T>>,
-        mask: Option<ArrayView4<'a, T>>,
-        weight_shape: [usize; 4],
-        weight: Option<ArrayView4<'a, T>>,
-        params: &ConvParams,
-    ) -> Result<Self> {
-        let params = if offset.is_some() {
-            *params
-        } else {
-            params.offset_groups(1).convention(Convention::Torchvision)
-        };
-        let g = Geometry::new(input_shape, weight_shape, &params)?;
-        if let Some(o) = &offset {
-            g.check_offset(o.shape())?;
-        }
-        if let Some(m) = &mask {
-            g.check_mask(m.shape())?;
-        }
-        g.check_out("grad_out", grad_out.shape())?;
-        Ok(Problem {
-            g,
-            grad_out,
-            input,
-            offset,
-            mask,
-            weight,
-            convention: params.convention,
-        })
-    }
-
-    /// Allocates the wanted gradients and computes them.
-    fn solve(&self, want: Want) -> Result<Grads<T>> {
-        let g = &self.g;
-        let dense = self.offset.is_none();
-        let mk = |on: bool, what: &str, shape: [usize; 4]| -> Result<Option<Array4<T>>> {
-            on.then(|| try_zeros(what, shape, T::ZERO)).transpose()
-        };
-        let mut grads = Grads {
-            input: mk(want.input, "grad_input", g.input_shape())?,
-            offset: mk(want.offset && !dense, "grad_offset", g.offset_shape())?,
-            mask: mk(want.mask && !dense, "grad_mask", g.mask_shape())?,
-            weight: mk(want.weight, "grad_weight", g.weight_shape())?,
-            bias: want.bias.then(|| Array1::<T>::from_elem(g.c_out, T::ZERO)),
-        };
-        let out = GradsMut {
-            input: grads.input.as_mut().map(|a| a.view_mut()),
-            offset: grads.offset.as_mut().map(|a| a.view_mut()),
-            mask: grads.mask.as_mut().map(|a| a.view_mut()),
-            weight: grads.weight.as_mut().map(|a| a.view_mut()),
-            bias: grads.bias.as_mut().map(|a| a.view_mut()),
-        };
-        self.solve_into(out);
-        Ok(grads)
-    }
-
-    /// Checks the shapes of caller-provided outputs, then computes them.
-    fn solve_checked(&self, out: GradsMut<'_, T>) -> Result<Stats> {
-        let g = &self.g;
-        if let Some(v) = &out.input {
-            g.check_exact("grad_input", v.shape(), &g.input_shape())?;
-        }
-        if let Some(v) = &out.offset {
-            g.check_exact("grad_offset", v.shape(), &g.offset_shape())?;
-        }
-        if let Some(v) = &out.mask {
-            g.check_exact("grad_mask", v.shape(), &g.mask_shape())?;
-        }
-        if let Some(v) = &out.weight {
-            g.check_exact("grad_weight", v.shape(), &g.weight_shape())?;
-        }
-        if let Some(v) = &out.bias {
-            g.check_exact("grad_bias", v.shape(), &[g.c_out])?;
-        }
-        if self.offset.is_none() && (out.offset.is_some() || out.mask.is_some()) {
-            return Err(Error::Param {
-                name: "grad_offset",
-                rule: "a dense convolution has no offset or mask gradient; pass None".into(),
-            });
-        }
-        Ok(self.solve_into(out))
-    }
-
-    /// Computes every gradient whose view is `Some` (shapes already checked).
-    fn solve_into(&self, out: GradsMut<'_, T>) -> Stats {
-        let g = &self.g;
-        let needs = Needs {
-            input: out.input.is_some(),
-            offset: out.offset.is_some(),
-            mask: out.mask.is_some(),
-            weight: out.weight.is_some(),
-        };
-        let grad_out = row_major(&self.grad_out);
-        if let Some(b) = out.bias {
-            grad_bias_into(g, &grad_out, b);
-        }
-        if !(needs.gcol() || needs.weight) {
-            return Stats::default();
-        }
-        let offset = self.offset.as_ref().map(row_major);
-        let mask = self.mask.as_ref().map(row_major);
-        let weight = if needs.gcol() {
-            self.weight.as_ref().map(row_major)
-        } else {
-            None
-        };
-        let ops = Operands {
-            grad_out: &grad_out,
-            input: if needs.input_planes() {
-                self.input
-            } else {
-                None
-            },
-            offset: offset.as_deref(),
-            mask: mask.as_deref(),
-            weight: weight.as_deref(),
-            convention: self.convention,
-        };
-        let k = g.taps();
-        let mut inputs = split_per_image_group(g.n, out.input, g.c_per_offset_group());
-        let mut offsets = split_per_image_group(g.n, out.offset, 2 * k);
-        let mut masks = split_per_image_group(g.n, out.mask, k);
-        let outs: Vec<ImageOut<'_, T>> = (0..g.n * g.offset_groups)
-            .map(|i| ImageOut {
-                input: inputs.get_mut(i).and_then(Option::take),
-                offset: offsets.get_mut(i).and_then(Option::take),
-                mask: masks.get_mut(i).and_then(Option::take),
-            })
-            .collect();
-        match out.weight {
-            Some(mut wv) => match wv.as_slice_mut() {
-                // A row-major output is written in place.
-                Some(w) => driver::run(g, &ops, needs, outs, Some(w)),
-                None => {
-                    let mut w = vec![T::ZERO; g.c_out * g.c_in_per_group() * k];
-                    let stats = driver::run(g, &ops, needs, outs, Some(&mut w));
-                    for (d, &s) in wv.iter_mut().zip(&w) {
-                        *d = s;
-                    }
-                    stats
-                }
-            },
-            None => driver::run(g, &ops, needs, outs, None),
-        }
-    }
-}
-
-/// Splits `[N, G * chunk, ., .]` into the `N * G` views `[chunk, ., .]`, image-major (empty for
-/// `None`).
-fn split_per_image_group<T>(
-    n: usize,
-    v: Option<ArrayViewMut4<'_, T>>,
-    chunk: usize,
-) -> Vec<Option<ArrayViewMut3<'_, T>>> {
-    let mut out = Vec::new();
-    let Some(mut rest) = v else {
-        return out;
-    };
-    for _ in 0..n {
-        let (head, tail) = rest.split_at(Axis(0), 1);
-        rest = tail;
-        let mut img = head.index_axis_move(Axis(0), 0);
-        while img.len_of(Axis(0)) > chunk {
-            let (part, tail) = img.split_at(Axis(0), chunk);
-            out.push(Some(part));
-            img = tail;
-        }
-        out.push(Some(img));
-    }
-    out
-}
-
-/// `grad_bias[o] = sum_{n, y, x} G[n, o, y, x]`, in the fixed order described inside.
-fn grad_bias_into<T: Float>(g: &Geometry, grad_out: &[T], mut out: ArrayViewMut1<'_, T>) {
-    const LANES: usize = 16;
-    let hw = g.out_pixels();
-    let sums: Vec<T> = (0..g.c_out)
-        .into_par_iter()
-        .map(|o| {
-            // Sixteen running sums (element i of a plane into sum i mod 16, planes in image
-            // order), added pairwise at the end: a fixed order, so the same bits for any
-            // thread count, and no single chain of N H_out W_out dependent additions (W1:
-            // 9216 per channel; the 2-thread backward 0.98 -> 0.95 ms, min of 100).
-            let mut acc = [T::ZERO; LANES];
-            for n in 0..g.n {
-                let plane = &grad_out[(n * g.c_out + o) * hw..][..hw];
-                let mut chunks = plane.chunks_exact(LANES);
-                for c in &mut chunks {
-                    for (a, &v) in acc.iter_mut().zip(c) {
-                        *a += v;
-                    }
-                }
-                for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
-                    *a += v;
-                }
-            }
-            let mut width = LANES;
-            while width > 1 {
-                width /= 2;
-                for i in 0..width {
-                    acc[i] += acc[i + width];
-                }
-            }
-            acc[0]
-        })
-        .collect();
-    for (d, s) in out.iter_mut().zip(sums) {
-        *d = s;
-    }
-}
-
 /// Every gradient of the deformable convolution selected by `want`, in one pass that shares the
 /// column gradient `weightᵀ · grad_out` and the sampling between them (see the module docs for
 /// the formulas). Gradients not wanted are `None` and are neither computed nor allocated;
@@ -414,15 +179,14 @@ pub fn deform_conv2d_backward<T: Float>(
     params: &ConvParams,
     want: Want,
 ) -> Result<Grads<T>> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        mask,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     p.solve(want)
@@ -438,15 +202,14 @@ pub fn deform_conv2d_backward_into<T: Float>(
     params: &ConvParams,
     out: GradsMut<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        mask,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     p.solve_checked(out).map(|_| ())
@@ -463,15 +226,14 @@ pub fn deform_conv2d_grad_input<T: Float>(
     input_shape: [usize; 4],
     params: &ConvParams,
 ) -> Result<Array4<T>> {
-    let ws = dims(weight.shape());
     let p = Problem::new(
-        grad_out,
-        input_shape,
-        None,
-        Some(offset),
-        mask,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::Shape(input_shape),
+            offset: Some(offset),
+            mask,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     Ok(p.solve(Want::NONE.input())?.input.unwrap_or_default())
@@ -486,15 +248,14 @@ pub fn deform_conv2d_grad_input_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(out.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        None,
-        Some(offset),
-        mask,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::Shape(dims(out.shape())),
+            offset: Some(offset),
+            mask,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     let out = GradsMut {
@@ -515,15 +276,14 @@ pub fn deform_conv2d_grad_offset<T: Float>(
     weight: ArrayView4<'_, T>,
     params: &ConvParams,
 ) -> Result<Array4<T>> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        mask,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     Ok(p.solve(Want::NONE.offset())?.offset.unwrap_or_default())
@@ -539,15 +299,14 @@ pub fn deform_conv2d_grad_offset_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        mask,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     let out = GradsMut {
@@ -566,15 +325,14 @@ pub fn deform_conv2d_grad_mask<T: Float>(
     weight: ArrayView4<'_, T>,
     params: &ConvParams,
 ) -> Result<Array4<T>> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        None,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask: None,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     Ok(p.solve(Want::NONE.mask())?.mask.unwrap_or_default())
@@ -589,15 +347,14 @@ pub fn deform_conv2d_grad_mask_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        None,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask: None,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     let out = GradsMut {
@@ -617,15 +374,14 @@ pub fn deform_conv2d_grad_weight<T: Float>(
     weight_shape: [usize; 4],
     params: &ConvParams,
 ) -> Result<Array4<T>> {
-    let is = dims(input.shape());
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        mask,
-        weight_shape,
-        None,
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask,
+            weight: Operand::Shape(weight_shape),
+        },
         params,
     )?;
     Ok(p.solve(Want::NONE.weight())?.weight.unwrap_or_default())
@@ -640,15 +396,14 @@ pub fn deform_conv2d_grad_weight_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(input.shape()), dims(out.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        Some(offset),
-        mask,
-        ws,
-        None,
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: Some(offset),
+            mask,
+            weight: Operand::Shape(dims(out.shape())),
+        },
         params,
     )?;
     let out = GradsMut {
@@ -700,15 +455,14 @@ pub fn conv2d_backward<T: Float>(
     params: &ConvParams,
     want: Want,
 ) -> Result<Grads<T>> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        None,
-        None,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: None,
+            mask: None,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     p.solve(want)
@@ -722,15 +476,14 @@ pub fn conv2d_backward_into<T: Float>(
     params: &ConvParams,
     out: GradsMut<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(input.shape()), dims(weight.shape()));
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        None,
-        None,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: None,
+            mask: None,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     p.solve_checked(out).map(|_| ())
@@ -744,15 +497,14 @@ pub fn conv2d_grad_input<T: Float>(
     input_shape: [usize; 4],
     params: &ConvParams,
 ) -> Result<Array4<T>> {
-    let ws = dims(weight.shape());
     let p = Problem::new(
-        grad_out,
-        input_shape,
-        None,
-        None,
-        None,
-        ws,
-        Some(weight),
+        Tensors {
+            grad_out,
+            input: Operand::Shape(input_shape),
+            offset: None,
+            mask: None,
+            weight: Operand::View(weight),
+        },
         params,
     )?;
     Ok(p.solve(Want::NONE.input())?.input.unwrap_or_default())
@@ -765,8 +517,16 @@ pub fn conv2d_grad_input_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(out.shape()), dims(weight.shape()));
-    let p = Problem::new(grad_out, is, None, None, None, ws, Some(weight), params)?;
+    let p = Problem::new(
+        Tensors {
+            grad_out,
+            input: Operand::Shape(dims(out.shape())),
+            offset: None,
+            mask: None,
+            weight: Operand::View(weight),
+        },
+        params,
+    )?;
     let out = GradsMut {
         input: Some(out),
         ..GradsMut::default()
@@ -782,15 +542,14 @@ pub fn conv2d_grad_weight<T: Float>(
     weight_shape: [usize; 4],
     params: &ConvParams,
 ) -> Result<Array4<T>> {
-    let is = dims(input.shape());
     let p = Problem::new(
-        grad_out,
-        is,
-        Some(input),
-        None,
-        None,
-        weight_shape,
-        None,
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: None,
+            mask: None,
+            weight: Operand::Shape(weight_shape),
+        },
         params,
     )?;
     Ok(p.solve(Want::NONE.weight())?.weight.unwrap_or_default())
@@ -803,8 +562,16 @@ pub fn conv2d_grad_weight_into<T: Float>(
     params: &ConvParams,
     out: ArrayViewMut4<'_, T>,
 ) -> Result<()> {
-    let (is, ws) = (dims(input.shape()), dims(out.shape()));
-    let p = Problem::new(grad_out, is, Some(input), None, None, ws, None, params)?;
+    let p = Problem::new(
+        Tensors {
+            grad_out,
+            input: Operand::View(input),
+            offset: None,
+            mask: None,
+            weight: Operand::Shape(dims(out.shape())),
+        },
+        params,
+    )?;
     let out = GradsMut {
         weight: Some(out),
         ..GradsMut::default()
@@ -820,138 +587,4 @@ pub fn release_cached_scratch() {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ndarray::Array;
-
-    type Tensors = (
-        Array4<f64>,
-        Array4<f64>,
-        Option<Array4<f64>>,
-        Array4<f64>,
-        Array4<f64>,
-    );
-
-    fn problem(n: usize, mask: bool) -> Tensors {
-        let val = |i: usize| ((i * 2654435761usize) % 1000) as f64 / 500.0 - 1.0;
-        let input = Array::from_shape_fn((n, 4, 5, 6), |(a, b, c, d)| {
-            val(a * 1000 + b * 100 + c * 10 + d)
-        });
-        let offset = Array::from_shape_fn((n, 2 * 2 * 9, 5, 6), |(a, b, c, d)| {
-            1.3 * val(7 + a * 999 + b * 37 + c * 11 + d)
-        });
-        let m = mask.then(|| {
-            Array::from_shape_fn((n, 2 * 9, 5, 6), |(a, b, c, d)| {
-                val(3 + a * 91 + b * 17 + c * 5 + d)
-            })
-        });
-        let weight = Array::from_shape_fn((6, 4, 3, 3), |(a, b, c, d)| {
-            val(11 + a * 77 + b * 9 + c * 3 + d)
-        });
-        let grad_out = Array::from_shape_fn((n, 6, 5, 6), |(a, b, c, d)| {
-            val(5 + a * 313 + b * 31 + c * 7 + d)
-        });
-        (input, offset, m, weight, grad_out)
-    }
-
-    fn stats_for(want: Want) -> (Stats, Grads<f64>) {
-        let (input, offset, mask, weight, grad_out) = problem(3, true);
-        let params = ConvParams::default().padding(1, 1).offset_groups(2);
-        let p = Problem::new(
-            grad_out.view(),
-            dims(input.shape()),
-            Some(input.view()),
-            Some(offset.view()),
-            mask.as_ref().map(|m| m.view()),
-            dims(weight.shape()),
-            Some(weight.view()),
-            &params,
-        )
-        .unwrap();
-        let grads = p.solve(want).unwrap();
-        let mut g2 = p.solve(want).unwrap();
-        let out = GradsMut {
-            input: g2.input.as_mut().map(|a| a.view_mut()),
-            offset: g2.offset.as_mut().map(|a| a.view_mut()),
-            mask: g2.mask.as_mut().map(|a| a.view_mut()),
-            weight: g2.weight.as_mut().map(|a| a.view_mut()),
-            bias: g2.bias.as_mut().map(|a| a.view_mut()),
-        };
-        (p.solve_checked(out).unwrap(), grads)
-    }
-
-    #[test]
-    fn a_subset_runs_only_its_kernels_and_allocates_only_its_outputs() {
-        let (s, g) = stats_for(Want::NONE.input());
-        assert!(g.offset.is_none() && g.mask.is_none() && g.weight.is_none() && g.bias.is_none());
-        assert!(s.gcol_gemms > 0 && s.scatters > 0);
-        assert_eq!(
-            (
-                s.sample_passes,
-                s.weight_gemms,
-                s.input_copies,
-                s.col_elems > 0
-            ),
-            (0, 0, 0, true)
-        );
-        assert_eq!(s.weight_part_elems, 0);
-
-        let (s, g) = stats_for(Want::NONE.weight());
-        assert!(g.input.is_none() && g.offset.is_none() && g.weight.is_some());
-        assert_eq!((s.gcol_gemms, s.scatters, s.grad_plane_elems), (0, 0, 0));
-        assert!(s.weight_gemms > 0 && s.sample_passes > 0);
-
-        let (s, _) = stats_for(Want::NONE.offset().mask());
-        assert!(s.gcol_gemms > 0 && s.sample_passes > 0);
-        assert_eq!(
-            (
-                s.scatters,
-                s.weight_gemms,
-                s.grad_plane_elems,
-                s.weight_part_elems
-            ),
-            (0, 0, 0, 0)
-        );
-
-        let (s, g) = stats_for(Want::NONE.bias());
-        assert_eq!(s, Stats::default());
-        assert!(g.bias.is_some() && g.input.is_none());
-
-        let (s, _) = stats_for(Want::NONE);
-        assert_eq!(s, Stats::default());
-
-        // Everything at once shares the column gradient: one GEMM per (tile, segment), as for
-        // grad_input alone.
-        let (all, _) = stats_for(Want::ALL);
-        let (only_input, _) = stats_for(Want::NONE.input());
-        assert_eq!(all.gcol_gemms, only_input.gcol_gemms);
-        assert_eq!(all.sample_passes, all.scatters);
-    }
-
-    #[test]
-    fn w4_full_backward_workspace_is_below_64_mib() {
-        let params = ConvParams::default().padding(1, 1);
-        let g = Geometry::new([2, 256, 64, 64], [256, 256, 3, 3], &params).unwrap();
-        let plan = driver::Plan::new(&g, true);
-        let all = Needs {
-            input: true,
-            offset: true,
-            mask: true,
-            weight: true,
-        };
-        let tap_elems = std::mem::size_of::<crate::kernels::taps::Tap<f32>>().div_ceil(4);
-        let bytes = 4 * plan.workspace_elements(&g, all, 2, tap_elems);
-        eprintln!(
-            "W4 full backward workspace (f32, 2 threads): {:.1} MiB",
-            bytes as f64 / 1048576.0
-        );
-        assert!(bytes < 64 << 20, "{} MiB", bytes >> 20);
-        // Past MIN_TASKS images the workspace no longer depends on the batch size.
-        let at = |n: usize| {
-            let g = Geometry::new([n, 256, 64, 64], [256, 256, 3, 3], &params).unwrap();
-            4 * driver::Plan::new(&g, true).workspace_elements(&g, all, 2, tap_elems)
-        };
-        assert_eq!(at(16), at(128));
-        assert!(at(16) < 64 << 20, "{} MiB", at(16) >> 20);
-    }
-}
+mod tests;

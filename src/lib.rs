@@ -40,7 +40,6 @@ pub mod offset_layout;
 mod params;
 mod plan;
 pub mod reference;
-#[allow(dead_code)] // parts are used only by the backward pass
 mod sample;
 mod scratch;
 #[cfg(feature = "testing")]

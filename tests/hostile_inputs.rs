@@ -974,3 +974,34 @@ fn offsets_on_and_next_to_the_window_edges() {
         follows(NAMES[k], got[k], &want[k], &scale[k], (1e-12, 0.0), false);
     }
 }
+
+/// The deformable backward addresses a task's padded input planes with `i32` bases: a plane of
+/// more than `2^30 - 1` cells with its border, `(H + 2) * (W + 3)`, is refused up front (the
+/// forward refuses planes past `2^31 - 1` pixels the same way). 32768 x 32768 is just past it.
+#[test]
+fn deformable_backward_refuses_planes_past_its_cell_limit() {
+    use ndarray::ShapeBuilder;
+    let side = 1usize << 15;
+    let zero = [0.0f32];
+    // Zero strides: every element is the one zero, nothing of that size is allocated.
+    let view = |s: (usize, usize, usize, usize)| {
+        ArrayView4::from_shape(s.strides((0, 0, 0, 0)), &zero).unwrap()
+    };
+    let d = ConvParams::default().padding(1, 1);
+    let (input, weight) = (view((1, 1, side, side)), view((1, 1, 3, 3)));
+    let (offset, mask) = (view((1, 18, side, side)), view((1, 9, side, side)));
+    let grad_out = view((1, 1, side, side));
+    let refused = |e: Result<(), Error>| match e {
+        Err(Error::TooLarge { what }) => assert!(what.contains("deformable backward"), "{what}"),
+        other => panic!("{other:?}"),
+    };
+    refused(
+        deform_conv2d_backward(grad_out, input, offset, Some(mask), weight, &d, Want::ALL)
+            .map(|_| ()),
+    );
+    let shape = [1, 1, side, side];
+    refused(deform_conv2d_grad_input(grad_out, offset, None, weight, shape, &d).map(|_| ()));
+    refused(deform_conv2d_grad_offset(grad_out, input, offset, None, weight, &d).map(|_| ()));
+    refused(deform_conv2d_grad_mask(grad_out, input, offset, weight, &d).map(|_| ()));
+    refused(deform_conv2d_grad_weight(grad_out, input, offset, None, [1, 1, 3, 3], &d).map(|_| ()));
+}

@@ -28,7 +28,8 @@ use std::ops::Range;
 #[cfg(target_arch = "x86_64")]
 mod pairs;
 
-use crate::kernels::coord::{SampleOut, TapColumns};
+use crate::kernels::columns::TapColumns;
+use crate::kernels::coord::SampleOut;
 
 /// Geometry of one pass over a tile.
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +57,14 @@ pub(crate) struct Outputs {
     pub cols: bool,
 }
 
+/// The task's pixel-major planes: the input read, the `grad_input` scattered into.
+pub(crate) struct Planes<'a> {
+    /// Input planes, `[cell][channels]`.
+    pub input: &'a [f32],
+    /// `grad_input` planes, laid out as `input`.
+    pub grad: &'a mut [f32],
+}
+
 /// For the channels `channels` (indices inside a cell) of one segment: scatters `gcol`
 /// (`[(q K + k) * channels.len() + c - channels.start]`) into `grad`, accumulates the offset
 /// and mask gradients into `out.dy`, `out.dx`, `out.mask` (`[k][tile]`) and writes `out.cols`
@@ -69,10 +78,8 @@ pub(crate) struct Outputs {
 /// If a table base (up to `max_base` / `max_scatter`) reaches past the planes, or a slice is
 /// shorter than the pass needs.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn run(
-    input: &[f32],
-    grad: &mut [f32],
+    planes: Planes<'_>,
     shape: CellShape,
     table: &TapColumns<f32>,
     gcol: &[f32],
@@ -80,6 +87,7 @@ pub(crate) unsafe fn run(
     want: Outputs,
     out: SampleOut<'_, f32>,
 ) {
+    let Planes { input, grad } = planes;
     macro_rules! go {
         ($s:literal, $o:literal, $m:literal, $c:literal) => {
             // SAFETY: the caller's contract (AVX-512F).
@@ -299,7 +307,7 @@ fn corner_derivatives(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::col2im::{scatter_columns, TileShape};
+    use crate::kernels::col2im::{scatter, TileShape};
     use crate::kernels::coord::{sample_gradients, SampleWant};
     use crate::kernels::lanes::{isa, Isa};
     use crate::kernels::taps::PlaneLayout;
@@ -354,7 +362,7 @@ mod tests {
         let taps =
             crate::kernels::taps::tests::hostile_table(layout, k_taps, tile, images, &mut next);
         let mut table = TapColumns::default();
-        assert!(table.fill(&taps));
+        table.fill(&taps);
         // gcol channel-major `[(c K + k)][tile]` and pixel-major `[(q K + k) count + c]`.
         let gcol: Vec<f32> = (0..count * k_taps * tile).map(|_| next() - 0.5).collect();
         let mut gcol_pm = vec![0.0f32; gcol.len()];
@@ -392,7 +400,7 @@ mod tests {
                 dense: false,
             };
             if want.scatter {
-                scatter_columns(grad, shape, &table, &gcol, seg.clone());
+                scatter(grad, shape, &taps, &gcol, seg.clone());
             }
             let sample_want = SampleWant {
                 offset: want.offset,
@@ -405,16 +413,7 @@ mod tests {
                 mask: dm,
                 cols,
             };
-            sample_gradients(
-                &planes,
-                shape,
-                &taps,
-                Some(&table),
-                &gcol,
-                seg.clone(),
-                sample_want,
-                out,
-            );
+            sample_gradients(&planes, shape, &taps, &gcol, seg.clone(), sample_want, out);
 
             let mut new = fresh();
             let mut grad_pm = pm_of(&start);
@@ -434,16 +433,11 @@ mod tests {
             let input = pm_of(&planes);
             // SAFETY: AVX-512F was detected above.
             unsafe {
-                run(
-                    &input,
-                    &mut grad_pm,
-                    shape,
-                    &table,
-                    &gcol_pm,
-                    seg.clone(),
-                    want,
-                    out,
-                )
+                let planes = Planes {
+                    input: &input,
+                    grad: &mut grad_pm,
+                };
+                run(planes, shape, &table, &gcol_pm, seg.clone(), want, out)
             };
             for c in 0..cells {
                 for i in 0..stride {

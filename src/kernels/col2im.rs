@@ -10,7 +10,6 @@
 use std::ops::Range;
 
 use crate::float::Float;
-use crate::kernels::coord_avx512::TapColumns;
 use crate::kernels::taps::Tap;
 
 /// Geometry of one scatter: the padded planes' cell count and row pitch, the tile width and the
@@ -186,111 +185,8 @@ fn scatter_dense<T: Float>(
 /// Table entries per chunk of the dense loops.
 pub(crate) const CHUNK: usize = 64;
 
-/// [`scatter`] with the table in column form (the same additions in the same order, so
-/// bitwise the same planes); used when the table was built straight into columns.
-#[inline(never)]
-pub(crate) fn scatter_columns<T: Float>(
-    planes: &mut [T],
-    shape: TileShape,
-    table: &TapColumns<T>,
-    gcol: &[T],
-    channels: Range<usize>,
-) {
-    use crate::kernels::lanes::{isa, Isa};
-    match isa() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
-        Isa::Avx2 | Isa::Avx512 => unsafe {
-            scatter_columns_avx2(planes, shape, table, gcol, channels)
-        },
-        _ => scatter_columns_body(planes, shape, table, gcol, channels),
-    }
-}
-
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn scatter_columns_avx2<T: Float>(
-    planes: &mut [T],
-    shape: TileShape,
-    table: &TapColumns<T>,
-    gcol: &[T],
-    channels: Range<usize>,
-) {
-    scatter_columns_body(planes, shape, table, gcol, channels)
-}
-
-#[inline(always)]
-fn scatter_columns_body<T: Float>(
-    planes: &mut [T],
-    shape: TileShape,
-    table: &TapColumns<T>,
-    gcol: &[T],
-    channels: Range<usize>,
-) {
-    let TileShape {
-        channel_stride,
-        pitch,
-        tile,
-        taps: k_taps,
-        dense: _,
-    } = shape;
-    let entries = k_taps * tile;
-    assert!(table.len() == entries && table.m.len() == entries);
-    assert!(table.weights.iter().all(|w| w.len() == entries));
-    debug_assert!(gcol.len() >= channels.len() * entries);
-    let reach = table.max_scatter + pitch + 2;
-    if channels.is_empty() {
-        return;
-    }
-    assert!(
-        (channels.end - 1) * channel_stride + reach <= planes.len(),
-        "planes too short"
-    );
-    let (first, count) = (channels.start, channels.len());
-    let [w0, w1, w2, w3] = &table.weights;
-    // WIDE channels per table entry (each plane's cells still in `scatter`'s order).
-    let mut ci = 0;
-    while ci + WIDE <= count {
-        let mut chunks = planes[(first + ci) * channel_stride..].chunks_mut(channel_stride);
-        let mut lanes: [&mut [T]; WIDE] = std::array::from_fn(|_| match chunks.next() {
-            Some(c) => &mut c[..reach],
-            None => unreachable!("WIDE planes exist: count >= ci + WIDE"),
-        });
-        for k in 0..k_taps {
-            let rows: [&[T]; WIDE] =
-                std::array::from_fn(|l| &gcol[((ci + l) * k_taps + k) * tile..][..tile]);
-            for e in k * tile..(k + 1) * tile {
-                let (q, b) = (e - k * tile, table.scatter[e] as usize);
-                let ws = [w0[e], w1[e], w2[e], w3[e]];
-                for (plane, row) in lanes.iter_mut().zip(rows) {
-                    add_corners(plane, b, pitch, row[q] * table.m[e], &ws);
-                }
-            }
-        }
-        ci += WIDE;
-    }
-    for ci in ci..count {
-        let plane = &mut planes[(first + ci) * channel_stride..][..reach];
-        for k in 0..k_taps {
-            let row = &gcol[(ci * k_taps + k) * tile..][..tile];
-            for e in k * tile..(k + 1) * tile {
-                let ws = [w0[e], w1[e], w2[e], w3[e]];
-                let b = table.scatter[e] as usize;
-                add_corners(plane, b, pitch, row[e - k * tile] * table.m[e], &ws);
-            }
-        }
-    }
-}
-
 /// Channels scattered together.
 const LANES: usize = 4;
-/// Channels scattered together by [`scatter_columns`]: eight rather than four chains of
-/// dependent read-modify-writes in flight. Measured (1 thread): W4 backward -4%, W1 -3%;
-/// sixteen was slower again.
-const WIDE: usize = 8;
-
 /// `plane[b + {0, 1, pitch, pitch + 1}] += gm * weights`.
 #[inline(always)]
 fn add_corners<T: Float>(plane: &mut [T], b: usize, pitch: usize, gm: T, weights: &[T; 4]) {
@@ -302,61 +198,5 @@ fn add_corners<T: Float>(plane: &mut [T], b: usize, pitch: usize, gm: T, weights
         *plane.get_unchecked_mut(b + 1) += gm * weights[1];
         *plane.get_unchecked_mut(b + pitch) += gm * weights[2];
         *plane.get_unchecked_mut(b + pitch + 1) += gm * weights[3];
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kernels::taps::PlaneLayout;
-
-    /// The column-table scatter leaves exactly the planes of the row-table scatter (11
-    /// channels: one block of eight and three single ones; NaN, outside and border samples).
-    #[test]
-    fn column_scatter_equals_row_scatter_bitwise() {
-        let layout = PlaneLayout::zero_bordered(5, 6);
-        let (k_taps, tile, channels, images) = (3usize, 29usize, 11usize, 2usize);
-        let stride = images * layout.len();
-        let mut next = crate::kernels::test_stream(99);
-        let specials = [f32::NAN, -1.0, 5.0, 30.0, -0.999, 0.0];
-        let taps: Vec<Tap<f32>> = (0..k_taps * tile)
-            .map(|e| {
-                let dy = if e % 6 == 0 {
-                    specials[e / 6 % 6]
-                } else {
-                    6.0 * next() - 3.0
-                };
-                let dx = 6.0 * next() - 3.0;
-                let plane0 = (e % images) * layout.len();
-                Tap::new(
-                    layout,
-                    plane0,
-                    ((e % 5) as isize, dy),
-                    ((e % 6) as isize, dx),
-                    next(),
-                )
-            })
-            .collect();
-        let mut table = TapColumns::default();
-        assert!(table.fill(&taps));
-        let shape = TileShape {
-            channel_stride: stride,
-            pitch: layout.pitch(),
-            tile,
-            taps: k_taps,
-            dense: false,
-        };
-        let gcol: Vec<f32> = (0..channels * k_taps * tile)
-            .map(|_| next() - 0.5)
-            .collect();
-        let start: Vec<f32> = (0..channels * stride).map(|i| (i % 5) as f32).collect();
-        let (mut rows, mut cols) = (start.clone(), start);
-        scatter(&mut rows, shape, &taps, &gcol, 0..channels);
-        scatter_columns(&mut cols, shape, &table, &gcol, 0..channels);
-        let same = rows
-            .iter()
-            .zip(&cols)
-            .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
-        assert!(same);
     }
 }

@@ -12,18 +12,14 @@
 //! mask[k, p] += g B                              cols[c, k, p] = m B
 //! ```
 //!
-//! `Wy`, `Wx` are [`crate::sample::coordinate_weights`] evaluated on the padded plane (a unit
+//! `Wy`, `Wx` are `sample::tests::coordinate_weights_in` evaluated on the padded plane (a unit
 //! test pins the two bitwise); the sums over `c` run in ascending channel order.
 
 use std::ops::Range;
 
 use crate::float::Float;
 use crate::kernels::col2im::{TileShape, CHUNK};
-#[cfg(target_arch = "x86_64")]
-use crate::kernels::coord_avx512;
-pub(crate) use crate::kernels::coord_avx512::TapColumns;
 use crate::kernels::taps::Tap;
-use crate::kernels::{same_type, same_type_mut};
 
 /// What [`sample_gradients`] produces; slices not wanted may be empty.
 pub(crate) struct SampleOut<'a, T> {
@@ -50,15 +46,11 @@ pub(crate) struct SampleWant {
 
 /// For the local channels `channels` of the padded input `planes`, accumulates the offset and
 /// mask gradients and writes the columns, as in the module docs. `gcol` rows follow `cols`' and
-/// are only read when the offset or mask gradient is wanted. `columns`, the same table as
-/// columns, enables the AVX-512 loop for `f32` (bitwise the same results); `taps` is then
-/// not read and may be empty.
-#[allow(clippy::too_many_arguments)]
+/// are only read when the offset or mask gradient is wanted.
 pub(crate) fn sample_gradients<T: Float>(
     planes: &[T],
     shape: TileShape,
     taps: &[Tap<T>],
-    columns: Option<&TapColumns<T>>,
     gcol: &[T],
     channels: Range<usize>,
     want: SampleWant,
@@ -66,7 +58,7 @@ pub(crate) fn sample_gradients<T: Float>(
 ) {
     macro_rules! go {
         ($o:literal, $m:literal, $c:literal) => {
-            run::<T, $o, $m, $c>(planes, shape, taps, columns, gcol, channels, out)
+            run::<T, $o, $m, $c>(planes, shape, taps, gcol, channels, out)
         };
     }
     match (want.offset, want.mask, want.cols) {
@@ -81,7 +73,7 @@ pub(crate) fn sample_gradients<T: Float>(
     }
 }
 
-/// `(Wy, Wx)` from the corner values, the formula of [`crate::sample::coordinate_weights`].
+/// `(Wy, Wx)` from the corner values (the formula of the module docs).
 #[inline(always)]
 fn coordinate_weights<T: Float>(ly: T, lx: T, [v00, v01, v10, v11]: [T; 4]) -> (T, T) {
     let wy = lx * (v11 - v01) + (T::ONE - lx) * (v10 - v00);
@@ -96,40 +88,11 @@ fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     planes: &[T],
     shape: TileShape,
     taps: &[Tap<T>],
-    columns: Option<&TapColumns<T>>,
     gcol: &[T],
     channels: Range<usize>,
     out: SampleOut<'_, T>,
 ) {
     use crate::kernels::lanes::{isa, Isa};
-    #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx512, Some(table)) = (isa(), columns) {
-        // Measured on W4 (f32, 1 thread, contended machine): see the commit message.
-        if let (Some(planes), Some(gcol)) = (same_type::<T, f32>(planes), same_type::<T, f32>(gcol))
-        {
-            // SAFETY: T is f32 (checked by `same_type`), so the table has the same layout.
-            let table = unsafe { &*(table as *const TapColumns<T> as *const TapColumns<f32>) };
-            let SampleOut { dy, dx, mask, cols } = out;
-            let out32 = (
-                same_type_mut::<T, f32>(dy),
-                same_type_mut::<T, f32>(dx),
-                same_type_mut::<T, f32>(mask),
-                same_type_mut::<T, f32>(cols),
-            );
-            if let (Some(dy), Some(dx), Some(mask), Some(cols)) = out32 {
-                let out = SampleOut { dy, dx, mask, cols };
-                debug_assert_eq!(table.len(), shape.taps * shape.tile);
-                // SAFETY: AVX-512F was detected; the table was filled from `taps` (the driver
-                // refills it with every table) and the slices are those `run_body` accepts.
-                unsafe {
-                    coord_avx512::run::<OFFSET, MASK, COLS>(
-                        planes, shape, table, gcol, channels, out,
-                    )
-                };
-            }
-            return;
-        }
-    }
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
@@ -299,7 +262,7 @@ mod tests {
     use crate::kernels::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, TorchvisionRule};
     use crate::sample;
 
-    /// Under rule `R`, the padded-plane evaluation equals `sample::coordinate_weights_in` bit
+    /// Under rule `R`, the padded-plane evaluation equals `sample::tests::coordinate_weights_in` bit
     /// for bit, and the bilinear value `sample::locate_in`'s, including integer positions on
     /// the border, outside positions and NaN.
     fn coordinate_weights_match_for<R: Rule>() {
@@ -323,7 +286,7 @@ mod tests {
                 let cell = &padded[t.gather..];
                 let v = [cell[0], cell[1], cell[l.pitch()], cell[l.pitch() + 1]];
                 let got = coordinate_weights(t.ly, t.lx, v);
-                let want = sample::coordinate_weights_in(conv, 0, dy, 0, dx, &image, h, w);
+                let want = sample::tests::coordinate_weights_in(conv, 0, dy, 0, dx, &image, h, w);
                 let same =
                     |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
                 assert!(
@@ -339,7 +302,7 @@ mod tests {
                     0.0
                 };
                 let want_b = match sample::locate_in(conv, 0, dy, 0, dx, h, w) {
-                    sample::Sample::Inside(c) => c.interpolate(&image),
+                    sample::Sample::Inside(c) => sample::tests::interpolate(&c, &image),
                     sample::Sample::Outside => 0.0,
                     sample::Sample::Nan => f64::NAN,
                 };

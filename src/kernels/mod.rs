@@ -33,8 +33,8 @@
 pub(crate) mod channel_backward;
 pub(crate) mod channel_gather;
 pub(crate) mod col2im;
+pub(crate) mod columns;
 pub(crate) mod coord;
-pub(crate) mod coord_avx512;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
@@ -103,6 +103,7 @@ pub(crate) struct Source<'a, T> {
 /// side in a buffer of row stride `ld`. `images` (deformable `f32` only) holds `image`
 /// pixel-major, for the channel-vectorised gather.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(crate) fn fill_columns<T: crate::Float>(
     src: &Source<'_, T>,
     image: usize,

@@ -13,7 +13,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{bilinear, corner_derivatives, CellShape};
-use crate::kernels::coord::{SampleOut, TapColumns};
+use crate::kernels::columns::TapColumns;
+use crate::kernels::coord::SampleOut;
 
 /// `[a | b]`: the low 8 lanes `a`, the high 8 `b`.
 #[target_feature(enable = "avx512f")]

@@ -1,0 +1,275 @@
+//! The backward's fixed decomposition of a problem into tasks that each own their outputs.
+//!
+//! **Partition** (depends only on the problem's shape, never on the thread count or on which
+//! gradients are wanted):
+//! - images are cut into *image groups*: an image with at least `P` output pixels is a group of
+//!   its own, cut into near-equal pixel tiles of at most `P`; smaller images are packed, whole,
+//!   a near-equal number per group, into one tile of at most `P` columns (so the GEMMs see wide
+//!   enough matrices). `P` is [`TILE_PIXELS`], or on the pixel-major path the width whose
+//!   column gradient is about [`PIXEL_MAJOR_TILE_BYTES`] (64 to 512 pixels);
+//! - groups are dealt round-robin to `R` *slots*, `R = clamp(ceil(MIN_TASKS / G_off), 1, groups)`;
+//! - a *task* is a (slot, offset group) pair and walks its slot's groups in order.
+//!
+//! **Ownership**: a task is the only writer of `grad_input[n, c]` and of `grad_offset` /
+//! `grad_mask[n, channels of its offset group]` for the images of its slot, so it writes them
+//! without atomics; it sums over the channels of its offset group itself, in a fixed order.
+//! `grad_weight` columns of an offset group's channels are summed by the task over its slot's
+//! groups in order: slot 0 straight into the output, the other slots into private partials,
+//! which are added to the output in slot order at the end (pixel-major path: every slot into
+//! a partial, gathered in slot order).
+//!
+//! **Workspace** (elements of `T`, `t = min(threads, tasks)` tasks running at once, `P` the
+//! tile width, `Cs` = channels of the largest segment, `I` = images per group (1 when
+//! `H_out W_out >= P`, else at most `P / (H_out W_out)`), `Pl = (H+2)(W+2)`, `(H+2)(W+3)` for
+//! DCN v1's replicated planes):
+//! `t * [2 I (C_in/G_off) Pl + 2 Cs K P + (C_out/groups) P + 3 K P + ~12 K P (taps)] + (R - 1) |weight|`
+//! (`+ |weight|` when the caller's `grad_weight` is not row-major; pixel-major: `R |weight|`
+//! partials plus the packed tap-major weight, about `1.1 |weight|`); nothing grows with the
+//! batch size `N` (`R <= MIN_TASKS`). W4 in f32 with 2 threads: about 29 MiB pixel-major. The planes, column
+//! buffers and packed `grad_out` come from, and go back to, a per-thread cache kept between
+//! calls (at most 32 MiB per thread, see [`crate::scratch`]).
+
+use std::ops::Range;
+
+#[cfg(test)]
+use super::operands::Needs;
+use crate::geometry::Geometry;
+use crate::kernels::columns::MAX_CELLS;
+use crate::kernels::taps::PlaneLayout;
+
+/// Most output pixels in one tile (GEMM width) of the channel-major path. 512 rather than 256:
+/// matrixmultiply repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward
+/// at 256 (1 thread; the machine was too contended to resolve 512 vs 1024).
+pub(crate) const TILE_PIXELS: usize = 512;
+
+/// Bytes of column gradient per tile the pixel-major path aims for (its tile is at most
+/// [`TILE_PIXELS`] and at least [`MIN_TILE_PIXELS`] wide), so that the fused pass streams
+/// `gcol` and `cols` while they are still in L2. Measured on W4 (`f32`, 1 thread, one run):
+/// backward 123 ms at 512 pixels (4.5 MiB), 112 at 256, 100 at 128, 104 at 64; W2 (2 threads)
+/// 23.7 ms at 5 images per tile, 21.8 at 2 and 1. Alternating 2-thread runs of 512 KiB (W4 64
+/// pixels, W2 2 images) and 1 MiB did not separate them beyond the machine's noise.
+pub(super) const PIXEL_MAJOR_TILE_BYTES: usize = 512 << 10;
+
+/// The narrowest pixel-major tile (the GEMMs lose efficiency below).
+pub(super) const MIN_TILE_PIXELS: usize = 64;
+
+/// Tasks the partition aims for, independent of the thread count: enough to balance 2-4
+/// threads, few enough that W2 (4 offset groups) needs no weight partials.
+pub(crate) const MIN_TASKS: usize = 4;
+
+/// One contiguous run of output pixels of one image inside a tile.
+#[derive(Debug, Clone)]
+pub(super) struct Piece {
+    /// Image index `n`.
+    pub(super) image: usize,
+    /// Pixel range `p0..p1` (row-major `y * W_out + x`).
+    pub(super) pixels: Range<usize>,
+    /// Column of `p0` in the tile.
+    pub(super) col0: usize,
+}
+
+/// A set of whole images processed by one task, as a list of tiles.
+#[derive(Debug, Clone)]
+pub(super) struct ImageGroup {
+    pub(super) images: Range<usize>,
+    pub(super) tiles: Vec<Vec<Piece>>,
+}
+
+/// Channels `c_lo..c_hi` (global) of one offset group inside one conv group.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Segment {
+    pub(super) conv_group: usize,
+    pub(super) c_lo: usize,
+    pub(super) c_hi: usize,
+    /// Start of this segment's block in the task's weight partial.
+    pub(super) part_offset: usize,
+}
+
+/// The fixed decomposition of one problem.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// Planned for the pixel-major path (narrower tiles, tap-major weight partials).
+    pub(super) pixel_major: bool,
+    pub(super) groups: Vec<ImageGroup>,
+    pub(super) slots: usize,
+    pub(super) max_tile: usize,
+    pub(super) max_images: usize,
+}
+
+impl Plan {
+    /// The partition of the module docs for `g`, whose planes have `layout`. A pixel-major
+    /// plan packs at most [`MAX_CELLS`] plane cells into one image group, so that the column
+    /// table's `i32` bases reach every cell (validation refuses larger single planes).
+    pub(crate) fn new(g: &Geometry, layout: PlaneLayout, pixel_major: bool) -> Plan {
+        let hw = g.out_pixels();
+        let tile_pixels = if pixel_major {
+            // One pixel's column gradient: K taps of the widest segment (<= C_in/G_off), f32.
+            let per_pixel = (g.taps() * g.c_per_offset_group() * 4).max(1);
+            (PIXEL_MAJOR_TILE_BYTES / per_pixel)
+                .next_multiple_of(16)
+                .clamp(MIN_TILE_PIXELS, TILE_PIXELS)
+        } else {
+            TILE_PIXELS
+        };
+        let mut groups = Vec::new();
+        if hw >= tile_pixels {
+            let n_tiles = hw.div_ceil(tile_pixels);
+            let width = hw.div_ceil(n_tiles);
+            for n in 0..g.n {
+                let tiles = (0..hw)
+                    .step_by(width)
+                    .map(|p0| {
+                        vec![Piece {
+                            image: n,
+                            pixels: p0..(p0 + width).min(hw),
+                            col0: 0,
+                        }]
+                    })
+                    .collect();
+                groups.push(ImageGroup {
+                    images: n..n + 1,
+                    tiles,
+                });
+            }
+        } else if g.n > 0 {
+            let mut per_group = (tile_pixels / hw).max(1);
+            if pixel_major {
+                per_group = per_group.min((MAX_CELLS / layout.len()).max(1));
+            }
+            let n_groups = g.n.div_ceil(per_group);
+            let per_group = g.n.div_ceil(n_groups);
+            for first in (0..g.n).step_by(per_group) {
+                let images = first..(first + per_group).min(g.n);
+                let tile = images
+                    .clone()
+                    .enumerate()
+                    .map(|(i, n)| Piece {
+                        image: n,
+                        pixels: 0..hw,
+                        col0: i * hw,
+                    })
+                    .collect();
+                groups.push(ImageGroup {
+                    images,
+                    tiles: vec![tile],
+                });
+            }
+        }
+        let slots = MIN_TASKS
+            .div_ceil(g.offset_groups)
+            .clamp(1, groups.len().max(1));
+        let max_tile = groups
+            .iter()
+            .flat_map(|gr| gr.tiles.iter())
+            .map(|t| t.iter().map(|p| p.pixels.len()).sum::<usize>())
+            .max()
+            .unwrap_or(0);
+        let max_images = groups.iter().map(|gr| gr.images.len()).max().unwrap_or(0);
+        Plan {
+            groups,
+            slots,
+            max_tile,
+            max_images,
+            pixel_major,
+        }
+    }
+
+    /// Number of tasks, `slots * G_off` (0 for an empty batch).
+    pub(crate) fn tasks(&self, g: &Geometry) -> usize {
+        if self.groups.is_empty() {
+            0
+        } else {
+            self.slots * g.offset_groups
+        }
+    }
+
+    /// Most images in one image group.
+    #[cfg(test)]
+    pub(crate) fn max_images(&self) -> usize {
+        self.max_images
+    }
+
+    /// Slot of image `n`.
+    pub(super) fn slot_of_image(&self, n: usize) -> usize {
+        // Groups are in image order; find the group of n.
+        let gi = self
+            .groups
+            .partition_point(|gr| gr.images.end <= n)
+            .min(self.groups.len().saturating_sub(1));
+        gi % self.slots
+    }
+
+    /// Workspace in elements of `T` (plus the sampling tables, counted via `tap_bytes /
+    /// elem_bytes`) of the backward computing `want`, with `threads` tasks at once; see the
+    /// module docs.
+    #[cfg(test)]
+    pub(crate) fn workspace_elements(
+        &self,
+        g: &Geometry,
+        want: Needs,
+        threads: usize,
+        tap_elems: usize,
+    ) -> usize {
+        let running = threads.min(self.tasks(g));
+        let cpo = g.c_per_offset_group();
+        let k = g.taps();
+        let p = self.max_tile;
+        let cs = segments(g, 0)
+            .iter()
+            .map(|s| s.c_hi - s.c_lo)
+            .max()
+            .unwrap_or(0);
+        // The replicated layout (DCN v1) is the larger one.
+        let pl = PlaneLayout::replicated(g.h, g.w).len();
+        let planes = self.max_images * cpo * pl;
+        let mut per_task = k * p * tap_elems + g.c_out_per_group() * p + 3 * k * p;
+        if want.input_planes() {
+            per_task += planes;
+        }
+        if want.input {
+            per_task += planes;
+        }
+        if want.gcol() {
+            per_task += cs * k * p;
+        }
+        if want.weight {
+            per_task += cs * k * p;
+        }
+        let weight = g.c_out * g.c_in_per_group() * k;
+        // The pixel-major path keeps a partial per slot and the weight packed tap-major.
+        let partials = match (want.weight, self.pixel_major) {
+            (false, _) => 0,
+            (true, false) => (self.slots - 1) * weight,
+            (true, true) => self.slots * weight,
+        };
+        let tap_major = if self.pixel_major && want.gcol() {
+            weight + weight / 10
+        } else {
+            0
+        };
+        running * per_task + partials + tap_major
+    }
+}
+
+/// The segments of offset group `og`, with their offsets in the task's weight partial.
+pub(super) fn segments(g: &Geometry, og: usize) -> Vec<Segment> {
+    let cpo = g.c_per_offset_group();
+    let cig = g.c_in_per_group();
+    let (lo, hi) = (og * cpo, (og + 1) * cpo);
+    let mut out = Vec::new();
+    let mut c = lo;
+    let mut part_offset = 0;
+    while c < hi {
+        let conv_group = c / cig;
+        let c_hi = hi.min((conv_group + 1) * cig);
+        out.push(Segment {
+            conv_group,
+            c_lo: c,
+            c_hi,
+            part_offset,
+        });
+        part_offset += g.c_out_per_group() * (c_hi - c) * g.taps();
+        c = c_hi;
+    }
+    out
+}

@@ -1,0 +1,206 @@
+//! A task's copies between the caller's tensors and its own buffers: input planes in
+//! (padded, channel- or pixel-major), `grad_input` planes and the tile's offset and mask
+//! gradients out.
+
+use std::ops::Range;
+
+use ndarray::ArrayViewMut3;
+
+use super::operands::ImageOut;
+use super::operands::Scope;
+use super::plan::{ImageGroup, Piece};
+use crate::float::Float;
+
+/// A tile's offset and mask gradients, `[k][tile column]` each.
+pub(super) struct SampleGrads<'b, T> {
+    pub(super) dy: &'b [T],
+    pub(super) dx: &'b [T],
+    pub(super) mask: &'b [T],
+}
+
+impl<T: Float> Scope<'_, '_, T> {
+    /// Copies the offset group's input planes of the group's images into the padded buffer
+    /// (zero borders stay zero; a replicated layout's border is rewritten from the new rows);
+    /// returns the planes copied.
+    #[inline(never)]
+    pub(super) fn load_input(&self, group: &ImageGroup, planes: &mut [T]) -> usize {
+        let Some(input) = &self.ops.input else {
+            return 0;
+        };
+        let mut copies = 0;
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        for (j, n) in group.images.clone().enumerate() {
+            for c in 0..cpo {
+                let plane = &mut planes[(c * self.max_images + j) * l.len()..][..l.len()];
+                let src = input.index_axis(ndarray::Axis(0), n);
+                let src = src.index_axis(ndarray::Axis(0), self.og * cpo + c);
+                if let Some(src) = src.as_slice() {
+                    // A standard-layout plane: one slice copy per row (W1: the element-wise
+                    // copy through ndarray iterators was 3-4% of the backward).
+                    for (r, row) in src.chunks_exact(l.w.max(1)).enumerate().take(l.h) {
+                        plane[l.index(r as isize, 0)..][..l.w].copy_from_slice(row);
+                    }
+                } else {
+                    for (r, row) in src.outer_iter().enumerate() {
+                        let dst = &mut plane[l.index(r as isize, 0)..][..l.w];
+                        for (d, &s) in dst.iter_mut().zip(row.iter()) {
+                            *d = s;
+                        }
+                    }
+                }
+                l.replicate_border(plane);
+                copies += 1;
+            }
+        }
+        copies
+    }
+
+    /// [`Scope::load_input`] into pixel-major planes: image `j`'s cell `i`, local channel `c`
+    /// at `planes[(j * cells + i) * C_in/G_off + c]`.
+    #[inline(never)]
+    pub(super) fn load_input_pixel_major(&self, group: &ImageGroup, planes: &mut [T]) -> usize {
+        use crate::kernels::pixel_major::to_pixel_major;
+        let Some(input) = &self.ops.input else {
+            return 0;
+        };
+        let mut copies = 0;
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        let channels = self.og * cpo..(self.og + 1) * cpo;
+        for (j, n) in group.images.clone().enumerate() {
+            let cells = &mut planes[j * l.len() * cpo..][..l.len() * cpo];
+            let image = input.index_axis(ndarray::Axis(0), n);
+            let image = image.slice(ndarray::s![channels.clone(), .., ..]);
+            let hw = l.h * l.w;
+            // Standard-layout f32 images row by row in 16 x 16 register transposes.
+            let src = image
+                .as_slice()
+                .and_then(crate::kernels::same_type::<T, f32>);
+            let copied = match (src, crate::kernels::same_type_mut::<T, f32>(cells)) {
+                (Some(src), Some(dst)) if hw > 0 => {
+                    for r in 0..l.h {
+                        let row = &mut dst[l.index(r as isize, 0) * cpo..][..l.w * cpo];
+                        to_pixel_major(&src[r * l.w..], cpo, hw, l.w, row);
+                    }
+                    true
+                }
+                _ => false,
+            };
+            if !copied {
+                for ((c, r, x), &v) in image.indexed_iter() {
+                    cells[l.index(r as isize, x as isize) * cpo + c] = v;
+                }
+            }
+            if l.is_replicated() && l.h > 0 && l.w > 0 {
+                // The border of `PlaneLayout::replicate_border`, a cell (all channels) at a time.
+                let (h, w) = (l.h as isize, l.w as isize);
+                for r in 0..h {
+                    let from = l.index(r, w - 1) * cpo;
+                    cells.copy_within(from..from + cpo, l.index(r, w) * cpo);
+                }
+                let (last, below) = (l.index(h - 1, 0) * cpo, l.index(h, 0) * cpo);
+                cells.copy_within(last..last + (l.w + 1) * cpo, below);
+            }
+            copies += cpo;
+        }
+        copies
+    }
+
+    /// Copies the interiors of the grad_input planes into the owned views.
+    #[inline(never)]
+    pub(super) fn store_input_grad(&self, planes: &[T], views: &mut [(usize, ImageOut<'_, T>)]) {
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        for (j, (_, out)) in views.iter_mut().enumerate() {
+            let Some(view) = out.input.as_mut() else {
+                continue;
+            };
+            for c in 0..cpo {
+                let plane = &planes[(c * self.max_images + j) * l.len()..][..l.len()];
+                let mut dst = view.index_axis_mut(ndarray::Axis(0), c);
+                if let Some(dst) = dst.as_slice_mut() {
+                    for (r, row) in dst.chunks_exact_mut(l.w.max(1)).enumerate().take(l.h) {
+                        row.copy_from_slice(&plane[l.index(r as isize, 0)..][..l.w]);
+                    }
+                    continue;
+                }
+                for (r, mut row) in dst.outer_iter_mut().enumerate() {
+                    let src = &plane[l.index(r as isize, 0)..][..l.w];
+                    for (d, &s) in row.iter_mut().zip(src) {
+                        *d = s;
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`Scope::store_input_grad`] from pixel-major planes.
+    #[inline(never)]
+    pub(super) fn store_input_grad_pixel_major(
+        &self,
+        planes: &[T],
+        views: &mut [(usize, ImageOut<'_, T>)],
+    ) {
+        use crate::kernels::pixel_major::from_pixel_major;
+        let cpo = self.g.c_per_offset_group();
+        let l = self.layout;
+        for (j, (_, out)) in views.iter_mut().enumerate() {
+            let Some(view) = out.input.as_mut() else {
+                continue;
+            };
+            let cells = &planes[j * l.len() * cpo..][..l.len() * cpo];
+            let hw = l.h * l.w;
+            if let Some(dst) = view.as_slice_mut() {
+                for r in 0..l.h {
+                    let row = &cells[l.index(r as isize, 0) * cpo..][..l.w * cpo];
+                    from_pixel_major(row, cpo, l.w, &mut dst[r * l.w..], hw);
+                }
+                continue;
+            }
+            for ((c, r, x), d) in view.indexed_iter_mut() {
+                *d = cells[l.index(r as isize, x as isize) * cpo + c];
+            }
+        }
+    }
+
+    /// Writes the tile's offset and mask gradients into the owned views.
+    #[inline(never)]
+    pub(super) fn write_sample_grads(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        views: &mut [(usize, ImageOut<'_, T>)],
+        grads: SampleGrads<'_, T>,
+    ) {
+        let SampleGrads { dy, dx, mask: dm } = grads;
+        let g = self.g;
+        // Copies `src` into channel `ch` of `view` at pixels `pixels` (row-major), as one slice
+        // copy when the channel is contiguous.
+        let put = |view: &mut ArrayViewMut3<'_, T>, ch: usize, pixels: &Range<usize>, src: &[T]| {
+            let mut plane = view.index_axis_mut(ndarray::Axis(0), ch);
+            if let Some(dst) = plane.as_slice_mut() {
+                dst[pixels.clone()].copy_from_slice(src);
+            } else {
+                for (p, &v) in pixels.clone().zip(src) {
+                    plane[[p / g.w_out, p % g.w_out]] = v;
+                }
+            }
+        };
+        for pc in tile {
+            let out = &mut views[pc.image - group.images.start].1;
+            let n = pc.pixels.len();
+            for k in 0..g.taps() {
+                let at = k * width + pc.col0;
+                if let Some(o) = out.offset.as_mut() {
+                    put(o, 2 * k, &pc.pixels, &dy[at..at + n]);
+                    put(o, 2 * k + 1, &pc.pixels, &dx[at..at + n]);
+                }
+                if let Some(m) = out.mask.as_mut() {
+                    put(m, k, &pc.pixels, &dm[at..at + n]);
+                }
+            }
+        }
+    }
+}

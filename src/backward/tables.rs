@@ -1,0 +1,254 @@
+//! A task's sampling table for one tile, `[k][tile column]`: the row table ([`Tap`]) under
+//! the problem's convention, or, on the pixel-major torchvision path, built straight into
+//! columns ([`TapColumns`]).
+
+use super::operands::Scope;
+use super::plan::{ImageGroup, Piece};
+use crate::convention::Convention;
+use crate::float::Float;
+use crate::kernels::columns::TapColumns;
+use crate::kernels::taps::{DcnV1Rule, MmcvRule, Rule, Tap, TorchvisionRule};
+
+impl<T: Float> Scope<'_, '_, T> {
+    /// Whether the tile tables are built straight into columns ([`Scope::build_columns`]):
+    /// pixel-major, torchvision, with offsets, and every base coordinate and plane cell far
+    /// inside `i32`. Measured on W1 (1 thread): the row table build and its column copy were
+    /// a third of the backward.
+    pub(super) fn direct_columns(&self) -> bool {
+        use crate::kernels::taps_avx512::LIMIT;
+        let g = self.g;
+        // Saturating: absurd strides or dilations must not overflow (they fail the check).
+        let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
+            out.saturating_mul(stride)
+                .saturating_add(k.saturating_mul(dil))
+                .saturating_add(pad)
+        };
+        let reach_y = reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top);
+        let reach_x = reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left);
+        self.pixel_major
+            && self.ops.offset.is_some()
+            && self.ops.convention == Convention::Torchvision
+            && reach_y < LIMIT
+            && reach_x < LIMIT
+            && (self.max_images + 1).saturating_mul(self.layout.len()) < LIMIT
+    }
+
+    /// The tile's table `[k][tile column]` built straight into `columns` (see
+    /// [`crate::kernels::taps_avx512`]); `bases` is scratch for the pixels' base coordinates.
+    #[inline(never)]
+    pub(super) fn build_columns(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        columns: &mut TapColumns<T>,
+        bases: &mut (Vec<i32>, Vec<i32>),
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::taps_avx512::{fill_run, Run};
+            let g = self.g;
+            let k_taps = g.taps();
+            let hw = g.out_pixels();
+            let (base_y, base_x) = bases;
+            base_y.clear();
+            base_x.clear();
+            for pc in tile {
+                // Row-major pixels, walked without a division per pixel.
+                let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
+                for _ in pc.pixels.clone() {
+                    // In range: checked by `direct_columns`.
+                    base_y.push((y * g.stride_h) as i32 - g.pad_top as i32);
+                    base_x.push((x * g.stride_w) as i32 - g.pad_left as i32);
+                    x += 1;
+                    if x == g.w_out {
+                        (y, x) = (y + 1, 0);
+                    }
+                }
+            }
+            debug_assert_eq!(base_y.len(), width);
+            let f32s = |s: &[T]| {
+                debug_assert!(std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>());
+                // SAFETY: direct columns are used only when T is f32 (pixel-major only).
+                unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
+            };
+            // SAFETY: as above, TapColumns<T> is TapColumns<f32>.
+            let cols = unsafe { &mut *(columns as *mut TapColumns<T> as *mut TapColumns<f32>) };
+            cols.resize(k_taps * width);
+            let Some(off) = self.ops.offset.map(f32s) else {
+                debug_assert!(false, "direct columns need offsets");
+                return;
+            };
+            let mask = self.ops.mask.map(f32s);
+            let oc = 2 * g.offset_groups * k_taps;
+            let mc = g.offset_groups * k_taps;
+            for k in 0..k_taps {
+                let (i, j) = (k / g.kw, k % g.kw);
+                let ch = self.og * k_taps + k;
+                for pc in tile {
+                    let (n, px) = (pc.image, pc.pixels.clone());
+                    let cols_of = pc.col0..pc.col0 + px.len();
+                    let dy0 = (n * oc + 2 * ch) * hw;
+                    let run = Run {
+                        at: k * width + pc.col0,
+                        base_y: &base_y[cols_of.clone()],
+                        base_x: &base_x[cols_of],
+                        tap_y: (i * g.dil_h) as i32,
+                        tap_x: (j * g.dil_w) as i32,
+                        dy: &off[dy0 + px.start..dy0 + px.end],
+                        dx: &off[dy0 + hw + px.start..dy0 + hw + px.end],
+                        m: mask.map(|m| &m[(n * mc + ch) * hw + px.start..][..px.len()]),
+                        plane0: (n - group.images.start) * self.layout.len(),
+                    };
+                    // SAFETY: AVX-512F was detected (pixel-major only).
+                    unsafe { fill_run(cols, self.layout, &run) };
+                }
+            }
+            cols.finish();
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (group, tile, width, columns, bases);
+    }
+
+    /// The sampling table `[k][tile column]` of the tile, under the problem's convention.
+    #[inline(never)]
+    pub(super) fn build_taps(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        if self.ops.offset.is_none()
+            && self.ops.mask.is_none()
+            && self.ops.convention == Convention::Torchvision
+        {
+            return self.build_taps_dense(group, tile, width, taps);
+        }
+        // One monomorphised build per convention: torchvision's is the code it always was.
+        match self.ops.convention {
+            Convention::Torchvision => {
+                self.build_taps_for::<TorchvisionRule>(group, tile, width, taps)
+            }
+            Convention::Mmcv => self.build_taps_for::<MmcvRule>(group, tile, width, taps),
+            Convention::DcnV1 => self.build_taps_for::<DcnV1Rule>(group, tile, width, taps),
+        }
+    }
+
+    /// The dense convolution's table (zero offsets, unit mask) by integer arithmetic alone.
+    /// Measured on W1 dense (1 thread): the general build was a quarter of forward + backward.
+    pub(super) fn build_taps_dense(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        let g = self.g;
+        let plane_len = self.layout.len();
+        taps.clear();
+        for k in 0..g.taps() {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let (ty, tx) = (
+                (i * g.dil_h) as isize - g.pad_top as isize,
+                (j * g.dil_w) as isize - g.pad_left as isize,
+            );
+            for pc in tile {
+                let plane0 = (pc.image - group.images.start) * plane_len;
+                let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
+                // `extend` from a range: no capacity check per entry.
+                taps.extend(pc.pixels.clone().map(|_| {
+                    let by = (y * g.stride_h) as isize + ty;
+                    let bx = (x * g.stride_w) as isize + tx;
+                    x += 1;
+                    if x == g.w_out {
+                        (y, x) = (y + 1, 0);
+                    }
+                    Tap::dense(self.layout, plane0, by, bx)
+                }));
+            }
+        }
+        debug_assert_eq!(taps.len(), g.taps() * width);
+    }
+
+    #[inline(always)]
+    pub(super) fn build_taps_for<R: Rule>(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        use crate::kernels::lanes::{isa, Isa};
+        // Compiled for the best instruction set, `floor` becomes one instruction instead of a
+        // library call (W1: the table build was a quarter of the backward).
+        match isa() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
+            Isa::Avx2 | Isa::Avx512 => unsafe {
+                self.build_taps_avx2::<R>(group, tile, width, taps)
+            },
+            _ => self.build_taps_body::<R>(group, tile, width, taps),
+        }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn build_taps_avx2<R: Rule>(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        self.build_taps_body::<R>(group, tile, width, taps)
+    }
+
+    #[inline(always)]
+    pub(super) fn build_taps_body<R: Rule>(
+        &self,
+        group: &ImageGroup,
+        tile: &[Piece],
+        width: usize,
+        taps: &mut Vec<Tap<T>>,
+    ) {
+        let g = self.g;
+        let k_taps = g.taps();
+        let hw = g.out_pixels();
+        let plane_len = self.layout.len();
+        taps.clear();
+        for k in 0..k_taps {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let ch = self.og * k_taps + k;
+            for pc in tile {
+                let plane0 = (pc.image - group.images.start) * plane_len;
+                let n = pc.image;
+                let oc = 2 * g.offset_groups * k_taps;
+                let mc = g.offset_groups * k_taps;
+                for p in pc.pixels.clone() {
+                    let (y, x) = (p / g.w_out, p % g.w_out);
+                    let by = (y * g.stride_h + i * g.dil_h) as isize - g.pad_top as isize;
+                    let bx = (x * g.stride_w + j * g.dil_w) as isize - g.pad_left as isize;
+                    let (dy, dx) = match self.ops.offset {
+                        Some(off) => (
+                            off[(n * oc + 2 * ch) * hw + p],
+                            off[(n * oc + 2 * ch + 1) * hw + p],
+                        ),
+                        None => (T::ZERO, T::ZERO),
+                    };
+                    let m = self.ops.mask.map_or(T::ONE, |m| m[(n * mc + ch) * hw + p]);
+                    taps.push(Tap::with_rule::<R>(
+                        self.layout,
+                        plane0,
+                        (by, dy),
+                        (bx, dx),
+                        m,
+                    ));
+                }
+            }
+        }
+        debug_assert_eq!(taps.len(), k_taps * width);
+    }
+}

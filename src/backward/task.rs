@@ -1,0 +1,320 @@
+//! One backward task: a (slot, offset group) pair walking its slot's image groups tile by
+//! tile with its own scratch. Its stages live beside it: the sampling tables
+//! ([`super::tables`]), the GEMMs ([`super::gemms`]) and the copies in and out of its planes
+//! ([`super::planes`]).
+//!
+//! **Two layouts.** Deformable `f32` on AVX-512 runs *pixel-major*: input and grad_input planes
+//! are `[cell][channel]`, `gcol` and `cols` are `[pixel][k][channel]`, the GEMMs are turned
+//! around to produce and consume that orientation (`weight` permuted tap-major and packed once
+//! per call), and one fused pass of [`crate::kernels::channel_backward`] does col2im and coord
+//! sixteen channels per vector. Everything else runs *channel-major*: planes `[channel][cell]`,
+//! `gcol`, `cols` as below, col2im and coord per channel.
+//!
+//! **Per tile** (for each segment = offset group ∩ conv group, channels ascending; shown
+//! channel-major):
+//! ```text
+//! taps[k, p]           = sampling of (offset group, tap, pixel)        (once per tile)
+//! gt[o, p]             = grad_out[n, group(o), p]                      (packed copy)
+//! gcol[c', k, p]       = sum_o weight[o, c', k] * gt[o, p]             (GEMM, if input/offset/mask)
+//! grad_input planes   += scatter(gcol * m, corner weights)            (col2im)
+//! grad_offset, grad_mask, cols = m * B                                 (coord)
+//! wpart[o, c', k]     += sum_p gt[o, p] * cols[c', k, p]               (GEMM, if weight)
+//! ```
+//!
+//! (`grad_weight` GEMMs overwrite on a task's first tile, `beta = 0`, and accumulate after.)
+
+use std::ops::Range;
+
+use super::gemms::Gemms;
+use super::operands::{ImageOut, Needs, Operands, Scope, Stats, WeightOut};
+use super::plan::{segments, Plan, Segment};
+use super::planes::SampleGrads;
+use super::weights::Weights;
+use crate::float::Float;
+use crate::geometry::Geometry;
+use crate::kernels::col2im::{scatter, TileShape};
+use crate::kernels::columns::TapColumns;
+use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
+use crate::kernels::taps::{PlaneLayout, Tap};
+use crate::scratch;
+
+/// The scratch and fixed facts of one (slot, offset group) task.
+pub(super) struct Task<'p, 'a, T> {
+    s: Scope<'p, 'a, T>,
+    plan: &'p Plan,
+    needs: Needs,
+    segs: Vec<Segment>,
+    gemms: Gemms<'p, 'a, T>,
+    stats: Stats,
+}
+
+impl<'p, 'a, T: Float> Task<'p, 'a, T> {
+    pub(super) fn new(
+        g: &'p Geometry,
+        plan: &'p Plan,
+        ops: &'p Operands<'a, T>,
+        needs: Needs,
+        og: usize,
+        weights: &'p Weights,
+    ) -> Self {
+        let s = Scope {
+            g,
+            ops,
+            og,
+            layout: PlaneLayout::for_convention(ops.convention, g.h, g.w),
+            max_images: plan.max_images,
+            pixel_major: plan.pixel_major,
+        };
+        Task {
+            s,
+            plan,
+            needs,
+            segs: segments(g, og),
+            gemms: Gemms::new(s, weights),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Processes the groups `slot, slot + R, ...`; `views` are the outputs of their images in
+    /// order. Returns the weight partial (empty unless wanted).
+    pub(super) fn run(
+        mut self,
+        slot: usize,
+        mut views: Vec<(usize, ImageOut<'_, T>)>,
+        weight_out: Option<WeightOut<T>>,
+    ) -> (Vec<T>, Stats) {
+        let g = self.s.g;
+        let needs = self.needs;
+        let k_taps = g.taps();
+        let cpo = g.c_per_offset_group();
+        let cog = g.c_out_per_group();
+        let p = self.plan.max_tile;
+        let max_rows = self
+            .segs
+            .iter()
+            .map(|s| (s.c_hi - s.c_lo) * k_taps)
+            .max()
+            .unwrap_or(0);
+        let planes_len = self.plan.max_images * cpo * self.s.layout.len();
+        // Zeroed buffers, the large ones from this thread's cache (see `scratch`).
+        let alloc = |on: bool, len: usize| if on { scratch::take(len) } else { Vec::new() };
+        let mut in_planes = alloc(needs.input_planes(), planes_len);
+        let mut gr_planes = alloc(needs.input, planes_len);
+        let mut gcol = alloc(needs.gcol(), max_rows * p);
+        let mut cols = alloc(needs.weight, max_rows * p);
+        let mut gt = alloc(true, cog * p);
+        let mut acc_dy = alloc(needs.offset, k_taps * p);
+        let mut acc_dx = alloc(needs.offset, k_taps * p);
+        let mut acc_m = alloc(needs.mask, k_taps * p);
+        let part_len = g.c_out_per_group() * cpo * k_taps;
+        // Slot 0 writes grad_weight itself (unless pixel-major: `run` then passes no
+        // `weight_out`); the other slots keep a private partial.
+        let mut wpart = alloc(needs.weight && weight_out.is_none(), part_len);
+        let mut first_weight_tile = true;
+        let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
+        // Dense convolution: zero offsets and no mask, so every sample is one cell with weight 1.
+        let dense = self.s.ops.offset.is_none() && self.s.ops.mask.is_none();
+        // Pixel-major torchvision tables are built straight into columns by AVX-512 (the row
+        // table is not built at all).
+        let direct = self.s.direct_columns();
+        // Planes pixel-major and one fused AVX-512 pass per segment instead of col2im + coord.
+        let pixel_major = self.s.pixel_major;
+        let mut columns = TapColumns::<T>::default();
+        let mut pixel_bases = (Vec::new(), Vec::new());
+        self.stats.grad_plane_elems += gr_planes.len();
+        self.stats.col_elems += gcol.len() + cols.len();
+        self.stats.weight_part_elems += wpart.len();
+
+        let mut first_view = 0;
+        for group in self.plan.groups.iter().skip(slot).step_by(self.plan.slots) {
+            let group_views = &mut views[first_view..first_view + group.images.len()];
+            first_view += group.images.len();
+            debug_assert!(group_views
+                .iter()
+                .zip(group.images.clone())
+                .all(|((n, _), m)| *n == m));
+            if needs.input_planes() {
+                if pixel_major {
+                    self.stats.input_copies += self.s.load_input_pixel_major(group, &mut in_planes);
+                } else {
+                    self.stats.input_copies += self.s.load_input(group, &mut in_planes);
+                }
+            }
+            if needs.input {
+                gr_planes.fill(T::ZERO);
+            }
+            for tile in &group.tiles {
+                let width: usize = tile.iter().map(|pc| pc.pixels.len()).sum();
+                let shape = TileShape {
+                    channel_stride: self.plan.max_images * self.s.layout.len(),
+                    pitch: self.s.layout.pitch(),
+                    tile: width,
+                    taps: k_taps,
+                    dense,
+                };
+                if direct {
+                    self.s
+                        .build_columns(group, tile, width, &mut columns, &mut pixel_bases);
+                } else {
+                    self.s.build_taps(group, tile, width, &mut taps);
+                    if pixel_major {
+                        columns.fill(&taps);
+                    }
+                }
+                if needs.offset {
+                    acc_dy[..k_taps * width].fill(T::ZERO);
+                    acc_dx[..k_taps * width].fill(T::ZERO);
+                }
+                if needs.mask {
+                    acc_m[..k_taps * width].fill(T::ZERO);
+                }
+                let mut packed_group = usize::MAX;
+                for (si, seg) in self.segs.clone().iter().enumerate() {
+                    let rows = (seg.c_hi - seg.c_lo) * k_taps;
+                    if packed_group != seg.conv_group {
+                        self.gemms
+                            .pack_grad_out(seg.conv_group, tile, width, &mut gt);
+                        packed_group = seg.conv_group;
+                    }
+                    let local = seg.c_lo - self.s.og * cpo..seg.c_hi - self.s.og * cpo;
+                    if needs.gcol() {
+                        self.gemms
+                            .column_gradient(si, seg, width, &gt, &mut gcol[..rows * width]);
+                    }
+                    if pixel_major {
+                        let out = SampleOut {
+                            dy: &mut acc_dy,
+                            dx: &mut acc_dx,
+                            mask: &mut acc_m,
+                            cols: &mut cols,
+                        };
+                        let planes = (&in_planes[..], &mut gr_planes[..]);
+                        self.fused_pass(planes, width, &columns, &gcol, local.clone(), out);
+                    } else if needs.input {
+                        scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
+                        self.stats.scatters += 1;
+                    }
+                    if needs.input_planes() && !pixel_major {
+                        let want = SampleWant {
+                            offset: needs.offset,
+                            mask: needs.mask,
+                            cols: needs.weight,
+                        };
+                        let out = SampleOut {
+                            dy: &mut acc_dy,
+                            dx: &mut acc_dx,
+                            mask: &mut acc_m,
+                            cols: &mut cols,
+                        };
+                        sample_gradients(&in_planes, shape, &taps, &gcol, local, want, out);
+                        self.stats.sample_passes += 1;
+                    }
+                    if needs.weight {
+                        let cols = &cols[..rows * width];
+                        let beta = if first_weight_tile { T::ZERO } else { T::ONE };
+                        match weight_out {
+                            Some(w) => self
+                                .gemms
+                                .weight_gradient_into(seg, width, &gt, cols, w, beta),
+                            None => {
+                                let part = &mut wpart[seg.part_offset..][..cog * rows];
+                                self.gemms
+                                    .weight_gradient(rows, width, &gt, cols, part, beta);
+                            }
+                        }
+                    }
+                }
+                first_weight_tile = false;
+                if needs.offset || needs.mask {
+                    let grads = SampleGrads {
+                        dy: &acc_dy,
+                        dx: &acc_dx,
+                        mask: &acc_m,
+                    };
+                    self.s
+                        .write_sample_grads(group, tile, width, group_views, grads);
+                }
+            }
+            if needs.input {
+                if pixel_major {
+                    self.s.store_input_grad_pixel_major(&gr_planes, group_views);
+                } else {
+                    self.s.store_input_grad(&gr_planes, group_views);
+                }
+            }
+        }
+        for buf in [in_planes, gr_planes, gcol, cols, gt] {
+            scratch::give(buf);
+        }
+        (wpart, self.stats.add(self.gemms.stats))
+    }
+
+    /// The fused pixel-major pass of one segment (`f32` only; see [`pixel_major_candidate`]).
+    fn fused_pass(
+        &mut self,
+        (input, grad): (&[T], &mut [T]),
+        width: usize,
+        columns: &TapColumns<T>,
+        gcol: &[T],
+        channels: Range<usize>,
+        out: SampleOut<'_, T>,
+    ) {
+        let needs = self.needs;
+        if needs.input {
+            self.stats.scatters += 1;
+        }
+        if needs.input_planes() {
+            self.stats.sample_passes += 1;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::kernels::channel_backward::{run, CellShape, Outputs, Planes};
+            use crate::kernels::{same_type, same_type_mut};
+            let SampleOut { dy, dx, mask, cols } = out;
+            let f32s = (
+                same_type::<T, f32>(input),
+                same_type_mut::<T, f32>(grad),
+                same_type::<T, f32>(gcol),
+                same_type_mut::<T, f32>(dy),
+                same_type_mut::<T, f32>(dx),
+                same_type_mut::<T, f32>(mask),
+                same_type_mut::<T, f32>(cols),
+            );
+            let (Some(input), Some(grad), Some(gcol), Some(dy), Some(dx), Some(mask), Some(cols)) =
+                f32s
+            else {
+                debug_assert!(false, "the pixel-major pass is f32 only");
+                return;
+            };
+            // SAFETY: T is f32 (checked by `same_type`), so the table has the same layout.
+            let table = unsafe { &*(columns as *const TapColumns<T> as *const TapColumns<f32>) };
+            let shape = CellShape {
+                channels: self.s.g.c_per_offset_group(),
+                pitch: self.s.layout.pitch(),
+                tile: width,
+                taps: self.s.g.taps(),
+            };
+            let want = Outputs {
+                scatter: needs.input,
+                offset: needs.offset,
+                mask: needs.mask,
+                cols: needs.weight,
+            };
+            let out = SampleOut { dy, dx, mask, cols };
+            // SAFETY: AVX-512F was detected (`pixel_major`); the kernel checks every bound.
+            unsafe {
+                run(
+                    Planes { input, grad },
+                    shape,
+                    table,
+                    gcol,
+                    channels,
+                    want,
+                    out,
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (input, grad, width, columns, gcol, channels, out);
+    }
+}

@@ -1,0 +1,179 @@
+//! The weight as the backward's GEMMs read it, prepared once per call (packed for our
+//! `f32` GEMM, or permuted tap-major for the pixel-major path), and the final gathering of
+//! the tasks' `grad_weight` partials.
+
+use rayon::prelude::*;
+
+use super::operands::{Operands, Stats};
+use super::plan::{segments, Plan, Segment};
+use crate::float::Float;
+use crate::geometry::Geometry;
+#[cfg(target_arch = "x86_64")]
+use crate::scratch;
+
+/// Columns of `B` per call of the pixel-major GEMMs: a `KC x 480` packed block (480 KiB)
+/// stays in L2 while every row panel of `A` passes over it.
+#[cfg(target_arch = "x86_64")]
+pub(super) const GEMM_COLUMNS: usize = 480;
+
+/// `weightᵀ` of one segment, packed for the AVX-512 `f32` GEMM.
+#[cfg(target_arch = "x86_64")]
+pub(super) type PackedWeightT = crate::kernels::sgemm::PackedA;
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) type PackedWeightT = ();
+
+/// Per offset group, per segment: the segment's `weightᵀ` (`(c_hi - c_lo) K x C_out/groups`)
+/// packed once per call for the column gradient, when the element type is `f32` and the CPU
+/// has AVX-512F (otherwise `None`, and matrixmultiply packs per tile).
+pub(super) fn pack_weight_t<T: Float>(
+    g: &Geometry,
+    ops: &Operands<'_, T>,
+) -> Option<Vec<Vec<PackedWeightT>>> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::kernels::lanes::{isa, Isa};
+        let weight = ops.weight?;
+        if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() || isa() != Isa::Avx512 {
+            return None;
+        }
+        // SAFETY: T is f32 (checked above): the same memory read as f32.
+        let w = unsafe { std::slice::from_raw_parts(weight.as_ptr() as *const f32, weight.len()) };
+        let k_taps = g.taps();
+        let cink = g.c_in_per_group() * k_taps;
+        let cog = g.c_out_per_group();
+        Some(
+            (0..g.offset_groups)
+                .map(|og| {
+                    segments(g, og)
+                        .iter()
+                        .map(|seg| {
+                            let rows = (seg.c_hi - seg.c_lo) * k_taps;
+                            let a0 = seg.conv_group * cog * cink
+                                + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
+                            PackedWeightT::pack_strided(&w[a0..], rows, cog, 1, cink)
+                        })
+                        .collect()
+                })
+                .collect(),
+        )
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (g, ops);
+        None
+    }
+}
+
+/// The weight as the column-gradient GEMM reads it, prepared once per call.
+pub(super) enum Weights {
+    /// matrixmultiply reads the caller's weight directly.
+    None,
+    /// Per offset group, per segment, `weightᵀ` packed for the AVX-512 `f32` GEMM.
+    Packed(Vec<Vec<PackedWeightT>>),
+    /// Per offset group, per segment, the pixel-major path's `B`,
+    /// `[o][k * C_seg + c] = weight[group o, c, k]`, packed in blocks of [`GEMM_COLUMNS`]
+    /// columns.
+    #[cfg(target_arch = "x86_64")]
+    TapMajor(Vec<Vec<Vec<crate::kernels::sgemm::PackedB>>>),
+}
+
+/// [`Weights::TapMajor`] of the operands (`None` without a weight or when `T` is not `f32`).
+/// Rows in parallel.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Weights> {
+    use crate::kernels::pixel_major::to_pixel_major;
+    use crate::kernels::sgemm::{MatB, PackedB};
+    let weight = crate::kernels::same_type::<T, f32>(ops.weight?)?;
+    let k_taps = g.taps();
+    let cink = g.c_in_per_group() * k_taps;
+    let cog = g.c_out_per_group();
+    let permute = |seg: &Segment| {
+        let cs = seg.c_hi - seg.c_lo;
+        let mut out = scratch::take::<f32>(cog * cs * k_taps);
+        let c0 = seg.c_lo - seg.conv_group * g.c_in_per_group();
+        out.par_chunks_mut((cs * k_taps).max(1))
+            .enumerate()
+            .for_each(|(o, row)| {
+                let src = &weight[(seg.conv_group * cog + o) * cink + c0 * k_taps..][..cs * k_taps];
+                // row[k * cs + c] = src[c * K + k]: a cs x K transpose.
+                to_pixel_major(src, cs, k_taps, k_taps, row);
+            });
+        let rows = cs * k_taps;
+        let blocks = (0..rows)
+            .step_by(GEMM_COLUMNS)
+            .map(|n0| {
+                let b = MatB {
+                    data: &out[n0..],
+                    rs: rows,
+                    cs: 1,
+                };
+                // SAFETY: AVX-512F was detected (`pixel_major_candidate`).
+                unsafe { PackedB::pack(b, cog, GEMM_COLUMNS.min(rows - n0)) }
+            })
+            .collect();
+        scratch::give(out);
+        blocks
+    };
+    Some(Weights::TapMajor(
+        (0..g.offset_groups)
+            .map(|og| segments(g, og).iter().map(permute).collect())
+            .collect(),
+    ))
+}
+
+/// Adds the tasks' weight partials into `grad_weight` in slot order, rows of `out` in
+/// parallel. Channel-major partials (`[o][c' K + k]`) of slots `1..R` are added to what slot 0
+/// wrote directly; tap-major ones (`[o][k C_seg + c]`, the pixel-major path) are gathered from
+/// every slot, slot 0's assigned.
+pub(super) fn combine_partials<T: Float>(
+    g: &Geometry,
+    plan: &Plan,
+    results: &[(Vec<T>, Stats)],
+    out: &mut [T],
+    tap_major: bool,
+) {
+    let first = if tap_major { 0 } else { 1 };
+    if first >= plan.slots {
+        return;
+    }
+    let k_taps = g.taps();
+    let cink = g.c_in_per_group() * k_taps;
+    let cog = g.c_out_per_group();
+    let segs: Vec<(usize, Segment)> = (0..g.offset_groups)
+        .flat_map(|og| segments(g, og).into_iter().map(move |s| (og, s)))
+        .collect();
+    out.par_chunks_mut(cink).enumerate().for_each_init(
+        Vec::new,
+        |turned: &mut Vec<T>, (o_glob, row)| {
+            let (conv_group, o) = (o_glob / cog, o_glob % cog);
+            for (og, seg) in segs.iter().filter(|(_, s)| s.conv_group == conv_group) {
+                let cs = seg.c_hi - seg.c_lo;
+                let rows = cs * k_taps;
+                let col0 = (seg.c_lo - conv_group * g.c_in_per_group()) * k_taps;
+                let dst = &mut row[col0..][..rows];
+                for slot in first..plan.slots {
+                    let part = &results[slot * g.offset_groups + og].0;
+                    let src = &part[seg.part_offset + o * rows..][..rows];
+                    if tap_major {
+                        // Tap-major k C_seg + c goes to c K + k (a K x C_seg transpose).
+                        turned.resize(rows, T::ZERO);
+                        crate::kernels::pixel_major::from_pixel_major(
+                            src, cs, k_taps, turned, k_taps,
+                        );
+                        if slot == 0 {
+                            dst.copy_from_slice(turned);
+                        } else {
+                            for (d, &v) in dst.iter_mut().zip(turned.iter()) {
+                                *d += v;
+                            }
+                        }
+                    } else {
+                        for (d, &v) in dst.iter_mut().zip(src) {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+        },
+    );
+}
