@@ -307,3 +307,112 @@ fn dispatch_reaches_backend<B: Backend>(b: B) {
     assert_eq!(b.vectorize(Which), B::ISA);
     assert_eq!(dispatch(Which), isa());
 }
+
+/// [`lanes::interpolate`] over the same row `reps` times, inside one `vectorize`.
+struct Repeat<'a, T> {
+    plane: &'a [T],
+    tap: TapRow<'a, T>,
+    row: &'a mut [T],
+    reps: usize,
+}
+
+impl<T: Float> WithBackend for Repeat<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<B: Backend>(self, b: B) {
+        for _ in 0..self.reps {
+            // SAFETY: the probe's indices are -1 or below plane.len().
+            unsafe { lanes::interpolate(b, self.plane, &self.tap, self.row) };
+            std::hint::black_box(&mut *self.row);
+        }
+    }
+}
+
+/// Nanoseconds per interpolated value on each backend of this CPU, `f32` and `f64` (rows of
+/// 256 pixels from a 64 x 64 plane, one corner in 8 missing): `cargo test --release --lib
+/// gather_speed -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing probe, not a test"]
+fn gather_speed() {
+    fn time<B: Backend, T: Float, const OLD: bool>(b: B) -> f64 {
+        let (plane_len, len, reps) = (64 * 64, 256, 100_000);
+        let mut next = test_stream(3);
+        let plane: Vec<T> = (0..plane_len)
+            .map(|_| T::from_f64(f64::from(next())))
+            .collect();
+        let index: Vec<Vec<i32>> = (0..4)
+            .map(|_| {
+                (0..len)
+                    .map(|q| {
+                        if q % 8 == 7 {
+                            -1
+                        } else {
+                            (next() * plane_len as f32) as i32
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let weight: Vec<Vec<T>> = (0..4)
+            .map(|_| (0..len).map(|_| T::from_f64(f64::from(next()))).collect())
+            .collect();
+        let mask: Vec<T> = (0..len).map(|_| T::from_f64(f64::from(next()))).collect();
+        let mut row = vec![T::ZERO; len];
+        let tap = TapRow {
+            index: [0, 1, 2, 3].map(|t| index[t].as_slice()),
+            weight: [0, 1, 2, 3].map(|t| weight[t].as_slice()),
+            mask: Some(mask.as_slice()),
+        };
+        let mut best = f64::INFINITY;
+        for _ in 0..7 {
+            let start = std::time::Instant::now();
+            if OLD {
+                // The loop the scalar path ran before the backends (for comparison).
+                for _ in 0..reps {
+                    let read = |i: i32| if i >= 0 { plane[i as usize] } else { T::ZERO };
+                    let ([i0, i1, i2, i3], [w0, w1, w2, w3]) = (tap.index, tap.weight);
+                    for q in 0..len {
+                        row[q] = w0[q] * read(i0[q])
+                            + w1[q] * read(i1[q])
+                            + w2[q] * read(i2[q])
+                            + w3[q] * read(i3[q]);
+                    }
+                    for (v, &m) in row.iter_mut().zip(&mask) {
+                        *v = m * *v;
+                    }
+                    std::hint::black_box(&mut row);
+                }
+            } else {
+                b.vectorize(Repeat {
+                    plane: &plane,
+                    tap,
+                    row: &mut row,
+                    reps,
+                });
+            }
+            best = best.min(start.elapsed().as_secs_f64() * 1e9 / (reps * len) as f64);
+        }
+        best
+    }
+    fn report<B: Backend>(b: B) {
+        let (f32_ns, f64_ns) = (time::<B, f32, false>(b), time::<B, f64, false>(b));
+        eprintln!(
+            "{:>9}: f32 {f32_ns:.3} ns/value, f64 {f64_ns:.3} ns/value",
+            B::ISA.name()
+        );
+    }
+    let b = Scalar::new();
+    let (f32_ns, f64_ns) = (time::<_, f32, true>(b), time::<_, f64, true>(b));
+    eprintln!("old loop: f32 {f32_ns:.3} ns/value, f64 {f64_ns:.3} ns/value");
+    report(b);
+    report(Portable::new());
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(b) = Avx2::new() {
+            report(b);
+        }
+        if let Some(b) = Avx512::new() {
+            report(b);
+        }
+    }
+}
