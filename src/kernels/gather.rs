@@ -333,6 +333,7 @@ pub(crate) fn gather_columns<T: Float>(
         backend::dispatch(Rows {
             table,
             planes: &src.input[(image * g.c_in + c) * plane_len..][..(chunk_end - c) * plane_len],
+            channels: chunk_end - c,
             plane_len,
             first_row: (c - c_lo) * taps,
             taps,
@@ -351,6 +352,7 @@ pub(crate) fn gather_columns<T: Float>(
 struct Rows<'a, T> {
     table: &'a SampleTable<T>,
     planes: &'a [T],
+    channels: usize,
     plane_len: usize,
     first_row: usize,
     taps: usize,
@@ -365,7 +367,9 @@ impl<T: Float> WithBackend for Rows<'_, T> {
 
     #[inline(always)]
     fn run<B: Backend>(self, b: B) {
-        for (c, plane) in self.planes.chunks_exact(self.plane_len).enumerate() {
+        // (Not `chunks_exact`: an empty input plane with padding still has output pixels.)
+        for c in 0..self.channels {
+            let plane = &self.planes[c * self.plane_len..][..self.plane_len];
             for k in 0..self.taps {
                 let tap = self.table.tap_row(k, self.len, self.has_mask);
                 let row =
