@@ -1,5 +1,5 @@
-//! The AVX2 backend: 8 `f32` or 4 `f64` lanes, hardware gathers; tails go through a
-//! zero-padded copy on the stack.
+//! The AVX2 backend: 8 `f32` or 4 `f64` lanes, hardware gathers, masked loads and stores for
+//! tails.
 //!
 //! Every vector value here was made from an [`Avx2`] token (the fields are private), so the
 //! CPU has AVX2 and FMA wherever one exists; that is the invariant each `SAFETY` comment relies
@@ -55,14 +55,31 @@ impl Backend for Avx2 {
     }
 }
 
-/// `src` (shorter than `N`) followed by `fill`, as an array.
+/// All ones in the 32-bit lanes `i < n` of 8.
+///
+/// # Safety
+/// The CPU has AVX2.
 #[inline(always)]
-fn padded<T: Copy, const N: usize>(src: &[T], fill: T) -> [T; N] {
-    debug_assert!(src.len() < N);
-    let mut a = [fill; N];
-    let n = src.len().min(N);
-    a[..n].copy_from_slice(&src[..n]);
-    a
+unsafe fn first32(n: usize) -> __m256i {
+    debug_assert!(n <= 8);
+    // SAFETY: AVX2 by the contract.
+    unsafe {
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+}
+
+/// All ones in the 64-bit lanes `i < n` of 4.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn first64(n: usize) -> __m256i {
+    debug_assert!(n <= 4);
+    // SAFETY: AVX2 by the contract.
+    unsafe { _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), _mm256_setr_epi64x(0, 1, 2, 3)) }
 }
 
 impl Lanes<f32, Avx2> for F32x8 {
@@ -80,8 +97,10 @@ impl Lanes<f32, Avx2> for F32x8 {
         F32x8(unsafe { _mm256_loadu_ps(src.as_ptr()) })
     }
     #[inline(always)]
-    fn load_partial(b: Avx2, src: &[f32]) -> Self {
-        Self::load(b, &padded::<f32, 8>(src, 0.0))
+    fn load_partial(_: Avx2, src: &[f32]) -> Self {
+        debug_assert!(src.len() < 8);
+        // SAFETY: AVX2 (token); only the first min(len, 8) lanes are read (masked load).
+        F32x8(unsafe { _mm256_maskload_ps(src.as_ptr(), first32(src.len().min(8))) })
     }
     #[inline(always)]
     fn store(self, dst: &mut [f32]) {
@@ -92,10 +111,8 @@ impl Lanes<f32, Avx2> for F32x8 {
     #[inline(always)]
     fn store_partial(self, dst: &mut [f32]) {
         debug_assert!(dst.len() < 8);
-        let mut a = [0.0; 8];
-        self.store(&mut a);
-        let n = dst.len().min(8);
-        dst[..n].copy_from_slice(&a[..n]);
+        // SAFETY: AVX2 (a value exists); only the first min(len, 8) lanes are written.
+        unsafe { _mm256_maskstore_ps(dst.as_mut_ptr(), first32(dst.len().min(8)), self.0) }
     }
     #[inline(always)]
     fn add(self, o: Self) -> Self {
@@ -129,9 +146,22 @@ impl Lanes<f32, Avx2> for F32x8 {
         }
     }
     #[inline(always)]
-    unsafe fn gather_partial(b: Avx2, base: &[f32], idx: &[i32]) -> Self {
-        // SAFETY: the padding lanes have index -1 (not read); the others as the contract says.
-        unsafe { Self::gather(b, base, &padded::<i32, 8>(idx, -1)) }
+    unsafe fn gather_partial(_: Avx2, base: &[f32], idx: &[i32]) -> Self {
+        debug_assert!(idx.len() < 8);
+        // SAFETY: AVX2 (token); only the first n = min(len, 8) indices are read (masked load);
+        // only lanes below n with a non-negative index are gathered, each below base.len()
+        // (the contract).
+        unsafe {
+            let lanes = first32(idx.len().min(8));
+            let v = _mm256_maskload_epi32(idx.as_ptr(), lanes);
+            let valid = _mm256_and_si256(lanes, _mm256_cmpgt_epi32(v, _mm256_set1_epi32(-1)));
+            F32x8(_mm256_mask_i32gather_ps::<4>(
+                _mm256_setzero_ps(),
+                base.as_ptr(),
+                v,
+                _mm256_castsi256_ps(valid),
+            ))
+        }
     }
 }
 
@@ -150,8 +180,10 @@ impl Lanes<f64, Avx2> for F64x4 {
         F64x4(unsafe { _mm256_loadu_pd(src.as_ptr()) })
     }
     #[inline(always)]
-    fn load_partial(b: Avx2, src: &[f64]) -> Self {
-        Self::load(b, &padded::<f64, 4>(src, 0.0))
+    fn load_partial(_: Avx2, src: &[f64]) -> Self {
+        debug_assert!(src.len() < 4);
+        // SAFETY: AVX2 (token); only the first min(len, 4) lanes are read (masked load).
+        F64x4(unsafe { _mm256_maskload_pd(src.as_ptr(), first64(src.len().min(4))) })
     }
     #[inline(always)]
     fn store(self, dst: &mut [f64]) {
@@ -162,10 +194,8 @@ impl Lanes<f64, Avx2> for F64x4 {
     #[inline(always)]
     fn store_partial(self, dst: &mut [f64]) {
         debug_assert!(dst.len() < 4);
-        let mut a = [0.0; 4];
-        self.store(&mut a);
-        let n = dst.len().min(4);
-        dst[..n].copy_from_slice(&a[..n]);
+        // SAFETY: AVX2 (a value exists); only the first min(len, 4) lanes are written.
+        unsafe { _mm256_maskstore_pd(dst.as_mut_ptr(), first64(dst.len().min(4)), self.0) }
     }
     #[inline(always)]
     fn add(self, o: Self) -> Self {
@@ -203,8 +233,24 @@ impl Lanes<f64, Avx2> for F64x4 {
         }
     }
     #[inline(always)]
-    unsafe fn gather_partial(b: Avx2, base: &[f64], idx: &[i32]) -> Self {
-        // SAFETY: the padding lanes have index -1 (not read); the others as the contract says.
-        unsafe { Self::gather(b, base, &padded::<i32, 4>(idx, -1)) }
+    unsafe fn gather_partial(_: Avx2, base: &[f64], idx: &[i32]) -> Self {
+        debug_assert!(idx.len() < 4);
+        // SAFETY: AVX2 (token); only the first n = min(len, 4) indices are read (masked load);
+        // only lanes below n with a non-negative index are gathered, each below base.len()
+        // (the contract).
+        unsafe {
+            let lanes = first32(idx.len().min(4));
+            let v = _mm_maskload_epi32(idx.as_ptr(), _mm256_castsi256_si128(lanes));
+            let valid32 = _mm_and_si128(
+                _mm256_castsi256_si128(lanes),
+                _mm_cmpgt_epi32(v, _mm_set1_epi32(-1)),
+            );
+            F64x4(_mm256_mask_i32gather_pd::<8>(
+                _mm256_setzero_pd(),
+                base.as_ptr(),
+                v,
+                _mm256_castsi256_pd(_mm256_cvtepi32_epi64(valid32)),
+            ))
+        }
     }
 }
