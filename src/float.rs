@@ -5,7 +5,8 @@ use std::iter::Sum;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
 mod sealed {
-    pub trait Sealed {}
+    /// Also ties each type to its vectors on every kernel backend.
+    pub trait Sealed: crate::kernels::backend::Element {}
     impl Sealed for f32 {}
     impl Sealed for f64 {}
 }

@@ -3,12 +3,12 @@
 //! pixel-major image ([`super::pixel_major`]), one vector load per corner, and the 16 x 16
 //! block (pixels x channels) is transposed in registers into 16 rows of the column tile.
 //!
-//! The per-pixel-vectorised gather ([`super::lanes::interpolate_f32`]) needs a hardware gather
+//! The per-pixel-vectorised gather ([`super::lanes::interpolate`]) needs a hardware gather
 //! per corner and 16 samples; here a corner of 16 samples is one plain load. Measured on
 //! this machine (W4, 1 thread): the gather went from ~4.5 to ~0.6 cycles per sample.
 //!
 //! Arithmetic: `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate multiplies and adds,
-//! the same operations in the same order as [`super::lanes::interpolate_scalar`], so the
+//! the same operations in the same order as [`super::lanes::interpolate`], so the
 //! column tile is bit for bit the one the other gathers make. A corner with no index reads the
 //! image's zero pixel, as the scalar code reads 0.
 

@@ -3,6 +3,7 @@
 
 use std::any::TypeId;
 
+use super::backend::{self, Backend, WithBackend};
 use super::channel_gather;
 use super::lanes::{self, TapRow};
 use super::pixel_major::PixelMajor;
@@ -74,11 +75,11 @@ impl<T: Float> SampleTable<T> {
             return;
         }
         match src.convention {
-            Convention::Torchvision | Convention::Mmcv => lanes::with_best_isa(
+            Convention::Torchvision | Convention::Mmcv => backend::with_features(
                 #[inline(always)]
                 || self.build_inline::<false>(src, offset, image, og, start, len),
             ),
-            Convention::DcnV1 => lanes::with_best_isa(
+            Convention::DcnV1 => backend::with_features(
                 #[inline(always)]
                 || self.build_inline::<true>(src, offset, image, og, start, len),
             ),
@@ -270,34 +271,6 @@ impl<T: Float> SampleTable<T> {
             mask: has_mask.then(|| &self.mask[k * len..(k + 1) * len]),
         }
     }
-
-    /// `row[q] = m * sum_t weight_t * v_t` for tap `k` over `plane`, corners with no index
-    /// reading 0 (so an infinite pixel outside the image cannot leak in); see
-    /// [`lanes::interpolate_scalar`] for the exact order of operations.
-    fn interpolate_row(&self, plane: &[T], k: usize, len: usize, has_mask: bool, row: &mut [T]) {
-        let tap = self.tap_row(k, len, has_mask);
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            // SAFETY: T is f32 (same TypeId), so these are the same slices retyped.
-            let (plane, row, tap) = unsafe {
-                let cast = |s: &[T]| std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len());
-                (
-                    cast(plane),
-                    std::slice::from_raw_parts_mut(row.as_mut_ptr() as *mut f32, row.len()),
-                    TapRow {
-                        index: tap.index,
-                        weight: tap.weight.map(cast),
-                        mask: tap.mask.map(cast),
-                    },
-                )
-            };
-            lanes::interpolate_f32(plane, &tap, row);
-        } else {
-            lanes::with_best_isa(
-                #[inline(always)]
-                || lanes::interpolate_scalar(plane, &tap, row),
-            );
-        }
-    }
 }
 
 /// Fills the deformable column tile of `(image, group, start .. start + len)`:
@@ -357,14 +330,55 @@ pub(crate) fn gather_columns<T: Float>(
             c = chunk_end;
             continue;
         }
-        for ch in c..chunk_end {
-            let plane = &src.input[(image * g.c_in + ch) * plane_len..][..plane_len];
-            for k in 0..taps {
-                let row = &mut cols[((ch - c_lo) * taps + k) * ld..][..len];
-                table.interpolate_row(plane, k, len, src.mask.is_some(), row);
+        backend::dispatch(Rows {
+            table,
+            planes: &src.input[(image * g.c_in + c) * plane_len..][..(chunk_end - c) * plane_len],
+            channels: chunk_end - c,
+            plane_len,
+            first_row: (c - c_lo) * taps,
+            taps,
+            len,
+            has_mask: src.mask.is_some(),
+            cols,
+            ld,
+        });
+        c = chunk_end;
+    }
+}
+
+/// The rows of consecutive channels of one offset group, interpolated from one table on the
+/// backend of the call: row `first_row + c * taps + k` of `cols` (stride `ld`) is tap `k` over
+/// plane `c` of `planes`.
+struct Rows<'a, T> {
+    table: &'a SampleTable<T>,
+    planes: &'a [T],
+    channels: usize,
+    plane_len: usize,
+    first_row: usize,
+    taps: usize,
+    len: usize,
+    has_mask: bool,
+    cols: &'a mut [T],
+    ld: usize,
+}
+
+impl<T: Float> WithBackend for Rows<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<B: Backend>(self, b: B) {
+        // (Not `chunks_exact`: an empty input plane with padding still has output pixels.)
+        for c in 0..self.channels {
+            let plane = &self.planes[c * self.plane_len..][..self.plane_len];
+            for k in 0..self.taps {
+                let tap = self.table.tap_row(k, self.len, self.has_mask);
+                let row =
+                    &mut self.cols[(self.first_row + c * self.taps + k) * self.ld..][..self.len];
+                // SAFETY: the table was built for planes of `plane_len = H * W` values, so
+                // its indices are NO_CORNER or below plane_len = plane.len().
+                unsafe { lanes::interpolate(b, plane, &tap, row) };
             }
         }
-        c = chunk_end;
     }
 }
 

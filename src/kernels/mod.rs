@@ -29,6 +29,7 @@
 //! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
 //! stays near 1 MiB, independent of the batch size.
 
+pub(crate) mod backend;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod channel_backward;
 pub(crate) mod channel_gather;

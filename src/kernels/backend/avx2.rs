@@ -1,0 +1,256 @@
+//! The AVX2 backend: 8 `f32` or 4 `f64` lanes, hardware gathers, masked loads and stores for
+//! tails.
+//!
+//! Every vector value here was made from an [`Avx2`] token (the fields are private), so the
+//! CPU has AVX2 and FMA wherever one exists; that is the invariant each `SAFETY` comment relies
+//! on. (FMA is part of the feature set so that scalar code compiled with it may use it for
+//! other instructions; Rust never contracts a multiply and an add into one.)
+
+use super::{Backend, Isa, Lanes, WithBackend};
+use std::arch::x86_64::*;
+
+/// The AVX2 backend's token: exists only on a CPU with AVX2 and FMA.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx2(());
+
+impl Avx2 {
+    /// The token, if the CPU has AVX2 and FMA.
+    pub(crate) fn new() -> Option<Self> {
+        (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")).then_some(Avx2(()))
+    }
+
+    /// The token without the check.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    pub(crate) unsafe fn new_unchecked() -> Self {
+        debug_assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
+        Avx2(())
+    }
+}
+
+/// 8 `f32` lanes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct F32x8(__m256);
+
+/// 4 `f64` lanes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct F64x4(__m256d);
+
+impl Backend for Avx2 {
+    const ISA: Isa = Isa::Avx2;
+    type F32 = F32x8;
+    type F64 = F64x4;
+
+    #[inline(always)]
+    fn vectorize<O: WithBackend>(self, op: O) -> O::Output {
+        /// # Safety
+        /// The CPU has AVX2 and FMA.
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn with_avx2<O: WithBackend>(b: Avx2, op: O) -> O::Output {
+            op.run(b)
+        }
+        // SAFETY: the token exists, so the CPU has AVX2 and FMA.
+        unsafe { with_avx2(self, op) }
+    }
+}
+
+/// All ones in the 32-bit lanes `i < n` of 8.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn first32(n: usize) -> __m256i {
+    debug_assert!(n <= 8);
+    // SAFETY: AVX2 by the contract.
+    unsafe {
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+}
+
+/// All ones in the 64-bit lanes `i < n` of 4.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn first64(n: usize) -> __m256i {
+    debug_assert!(n <= 4);
+    // SAFETY: AVX2 by the contract.
+    unsafe { _mm256_cmpgt_epi64(_mm256_set1_epi64x(n as i64), _mm256_setr_epi64x(0, 1, 2, 3)) }
+}
+
+impl Lanes<f32, Avx2> for F32x8 {
+    const N: usize = 8;
+
+    #[inline(always)]
+    fn splat(_: Avx2, v: f32) -> Self {
+        // SAFETY: the token proves AVX2.
+        F32x8(unsafe { _mm256_set1_ps(v) })
+    }
+    #[inline(always)]
+    fn load(_: Avx2, src: &[f32]) -> Self {
+        assert!(src.len() >= 8);
+        // SAFETY: AVX2 (token); 8 values are readable (asserted).
+        F32x8(unsafe { _mm256_loadu_ps(src.as_ptr()) })
+    }
+    #[inline(always)]
+    fn load_partial(_: Avx2, src: &[f32]) -> Self {
+        debug_assert!(src.len() < 8);
+        // SAFETY: AVX2 (token); only the first min(len, 8) lanes are read (masked load).
+        F32x8(unsafe { _mm256_maskload_ps(src.as_ptr(), first32(src.len().min(8))) })
+    }
+    #[inline(always)]
+    fn store(self, dst: &mut [f32]) {
+        assert!(dst.len() >= 8);
+        // SAFETY: AVX2 (a value exists); 8 values are writable (asserted).
+        unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn store_partial(self, dst: &mut [f32]) {
+        debug_assert!(dst.len() < 8);
+        // SAFETY: AVX2 (a value exists); only the first min(len, 8) lanes are written.
+        unsafe { _mm256_maskstore_ps(dst.as_mut_ptr(), first32(dst.len().min(8)), self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F32x8(unsafe { _mm256_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F32x8(unsafe { _mm256_sub_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F32x8(unsafe { _mm256_mul_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    unsafe fn gather(_: Avx2, base: &[f32], idx: &[i32]) -> Self {
+        assert!(idx.len() >= 8);
+        // SAFETY: AVX2 (token); 8 indices are readable (asserted); the lanes with a negative
+        // index are masked off (not read), the others are below base.len() (the contract).
+        unsafe {
+            let v = _mm256_loadu_si256(idx.as_ptr() as *const __m256i);
+            let valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_set1_epi32(-1)));
+            F32x8(_mm256_mask_i32gather_ps::<4>(
+                _mm256_setzero_ps(),
+                base.as_ptr(),
+                v,
+                valid,
+            ))
+        }
+    }
+    #[inline(always)]
+    unsafe fn gather_partial(_: Avx2, base: &[f32], idx: &[i32]) -> Self {
+        debug_assert!(idx.len() < 8);
+        // SAFETY: AVX2 (token); only the first n = min(len, 8) indices are read (masked load);
+        // only lanes below n with a non-negative index are gathered, each below base.len()
+        // (the contract).
+        unsafe {
+            let lanes = first32(idx.len().min(8));
+            let v = _mm256_maskload_epi32(idx.as_ptr(), lanes);
+            let valid = _mm256_and_si256(lanes, _mm256_cmpgt_epi32(v, _mm256_set1_epi32(-1)));
+            F32x8(_mm256_mask_i32gather_ps::<4>(
+                _mm256_setzero_ps(),
+                base.as_ptr(),
+                v,
+                _mm256_castsi256_ps(valid),
+            ))
+        }
+    }
+}
+
+impl Lanes<f64, Avx2> for F64x4 {
+    const N: usize = 4;
+
+    #[inline(always)]
+    fn splat(_: Avx2, v: f64) -> Self {
+        // SAFETY: the token proves AVX2.
+        F64x4(unsafe { _mm256_set1_pd(v) })
+    }
+    #[inline(always)]
+    fn load(_: Avx2, src: &[f64]) -> Self {
+        assert!(src.len() >= 4);
+        // SAFETY: AVX2 (token); 4 values are readable (asserted).
+        F64x4(unsafe { _mm256_loadu_pd(src.as_ptr()) })
+    }
+    #[inline(always)]
+    fn load_partial(_: Avx2, src: &[f64]) -> Self {
+        debug_assert!(src.len() < 4);
+        // SAFETY: AVX2 (token); only the first min(len, 4) lanes are read (masked load).
+        F64x4(unsafe { _mm256_maskload_pd(src.as_ptr(), first64(src.len().min(4))) })
+    }
+    #[inline(always)]
+    fn store(self, dst: &mut [f64]) {
+        assert!(dst.len() >= 4);
+        // SAFETY: AVX2 (a value exists); 4 values are writable (asserted).
+        unsafe { _mm256_storeu_pd(dst.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn store_partial(self, dst: &mut [f64]) {
+        debug_assert!(dst.len() < 4);
+        // SAFETY: AVX2 (a value exists); only the first min(len, 4) lanes are written.
+        unsafe { _mm256_maskstore_pd(dst.as_mut_ptr(), first64(dst.len().min(4)), self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F64x4(unsafe { _mm256_add_pd(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F64x4(unsafe { _mm256_sub_pd(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F64x4(unsafe { _mm256_mul_pd(self.0, o.0) })
+    }
+    #[inline(always)]
+    unsafe fn gather(_: Avx2, base: &[f64], idx: &[i32]) -> Self {
+        assert!(idx.len() >= 4);
+        // SAFETY: AVX2 (token); 4 indices are readable (asserted); the lanes with a negative
+        // index are masked off (not read), the others are below base.len() (the contract).
+        unsafe {
+            let v = _mm_loadu_si128(idx.as_ptr() as *const __m128i);
+            // Each 32-bit all-ones/zero lane sign-extended to its 64-bit lane.
+            let valid = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_cmpgt_epi32(
+                v,
+                _mm_set1_epi32(-1),
+            )));
+            F64x4(_mm256_mask_i32gather_pd::<8>(
+                _mm256_setzero_pd(),
+                base.as_ptr(),
+                v,
+                valid,
+            ))
+        }
+    }
+    #[inline(always)]
+    unsafe fn gather_partial(_: Avx2, base: &[f64], idx: &[i32]) -> Self {
+        debug_assert!(idx.len() < 4);
+        // SAFETY: AVX2 (token); only the first n = min(len, 4) indices are read (masked load);
+        // only lanes below n with a non-negative index are gathered, each below base.len()
+        // (the contract).
+        unsafe {
+            let lanes = first32(idx.len().min(4));
+            let v = _mm_maskload_epi32(idx.as_ptr(), _mm256_castsi256_si128(lanes));
+            let valid32 = _mm_and_si128(
+                _mm256_castsi256_si128(lanes),
+                _mm_cmpgt_epi32(v, _mm_set1_epi32(-1)),
+            );
+            F64x4(_mm256_mask_i32gather_pd::<8>(
+                _mm256_setzero_pd(),
+                base.as_ptr(),
+                v,
+                _mm256_castsi256_pd(_mm256_cvtepi32_epi64(valid32)),
+            ))
+        }
+    }
+}

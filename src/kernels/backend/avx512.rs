@@ -1,0 +1,245 @@
+//! The AVX-512F backend: 16 `f32` or 8 `f64` lanes, masked loads and stores for tails, hardware
+//! gathers.
+//!
+//! Every vector value here was made from an [`Avx512`] token (the fields are private), so the
+//! CPU has AVX-512F wherever one exists; that is the invariant each `SAFETY` comment relies on.
+
+use super::{Backend, Isa, Lanes, WithBackend};
+use std::arch::x86_64::*;
+
+/// The AVX-512F backend's token: exists only on a CPU with AVX-512F.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    /// The token, if the CPU has AVX-512F.
+    pub(crate) fn new() -> Option<Self> {
+        is_x86_feature_detected!("avx512f").then_some(Avx512(()))
+    }
+
+    /// The token without the check.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F.
+    pub(crate) unsafe fn new_unchecked() -> Self {
+        debug_assert!(is_x86_feature_detected!("avx512f"));
+        Avx512(())
+    }
+}
+
+/// 16 `f32` lanes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct F32x16(__m512);
+
+/// 8 `f64` lanes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct F64x8(__m512d);
+
+impl Backend for Avx512 {
+    const ISA: Isa = Isa::Avx512;
+    type F32 = F32x16;
+    type F64 = F64x8;
+
+    #[inline(always)]
+    fn vectorize<O: WithBackend>(self, op: O) -> O::Output {
+        /// # Safety
+        /// The CPU has AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        unsafe fn with_avx512<O: WithBackend>(b: Avx512, op: O) -> O::Output {
+            op.run(b)
+        }
+        // SAFETY: the token exists, so the CPU has AVX-512F.
+        unsafe { with_avx512(self, op) }
+    }
+}
+
+/// The mask of the first `n` of 16 lanes (`n <= 16`).
+#[inline(always)]
+fn first(n: usize) -> __mmask16 {
+    debug_assert!(n <= 16);
+    ((1u32 << n) - 1) as __mmask16
+}
+
+/// The `n <= 16` indices `idx[..n]` in the first lanes (0 after) and the mask of those that are
+/// not negative.
+///
+/// # Safety
+/// The CPU has AVX-512F; `idx.len() >= n`.
+#[inline(always)]
+unsafe fn indices(idx: &[i32], n: usize) -> (__m512i, __mmask16) {
+    debug_assert!(idx.len() >= n);
+    let lanes = first(n);
+    // SAFETY: AVX-512F by the contract; the masked-off lanes (n and up) are not read.
+    unsafe {
+        let v = _mm512_maskz_loadu_epi32(lanes, idx.as_ptr());
+        (
+            v,
+            _mm512_mask_cmpge_epi32_mask(lanes, v, _mm512_setzero_si512()),
+        )
+    }
+}
+
+impl Lanes<f32, Avx512> for F32x16 {
+    const N: usize = 16;
+
+    #[inline(always)]
+    fn splat(_: Avx512, v: f32) -> Self {
+        // SAFETY: the token proves AVX-512F.
+        F32x16(unsafe { _mm512_set1_ps(v) })
+    }
+    #[inline(always)]
+    fn load(_: Avx512, src: &[f32]) -> Self {
+        assert!(src.len() >= 16);
+        // SAFETY: AVX-512F (token); 16 values are readable (asserted).
+        F32x16(unsafe { _mm512_loadu_ps(src.as_ptr()) })
+    }
+    #[inline(always)]
+    fn load_partial(_: Avx512, src: &[f32]) -> Self {
+        debug_assert!(src.len() < 16);
+        let n = src.len().min(16);
+        // SAFETY: AVX-512F (token); only the first n <= src.len() lanes are read.
+        F32x16(unsafe { _mm512_maskz_loadu_ps(first(n), src.as_ptr()) })
+    }
+    #[inline(always)]
+    fn store(self, dst: &mut [f32]) {
+        assert!(dst.len() >= 16);
+        // SAFETY: AVX-512F (a value exists); 16 values are writable (asserted).
+        unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn store_partial(self, dst: &mut [f32]) {
+        debug_assert!(dst.len() < 16);
+        let n = dst.len().min(16);
+        // SAFETY: AVX-512F (a value exists); only the first n <= dst.len() lanes are written.
+        unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), first(n), self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F32x16(unsafe { _mm512_add_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F32x16(unsafe { _mm512_sub_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F32x16(unsafe { _mm512_mul_ps(self.0, o.0) })
+    }
+    #[inline(always)]
+    unsafe fn gather(b: Avx512, base: &[f32], idx: &[i32]) -> Self {
+        assert!(idx.len() >= 16);
+        // SAFETY: as gather_partial, with all 16 lanes.
+        unsafe { gather_f32(b, base, idx, 16) }
+    }
+    #[inline(always)]
+    unsafe fn gather_partial(b: Avx512, base: &[f32], idx: &[i32]) -> Self {
+        debug_assert!(idx.len() < 16);
+        // SAFETY: the caller's contract; n = idx.len() lanes.
+        unsafe { gather_f32(b, base, idx, idx.len().min(16)) }
+    }
+}
+
+/// Lanes `i < n` are `base[idx[i]]` or 0 for a negative index, the others 0.
+///
+/// # Safety
+/// `idx.len() >= n`, and every non-negative `idx[i]`, `i < n`, is below `base.len()`.
+#[inline(always)]
+unsafe fn gather_f32(_: Avx512, base: &[f32], idx: &[i32], n: usize) -> F32x16 {
+    // SAFETY: AVX-512F (token); only the lanes of `valid` are read, each in bounds by the
+    // contract.
+    unsafe {
+        let (v, valid) = indices(idx, n);
+        F32x16(_mm512_mask_i32gather_ps::<4>(
+            _mm512_setzero_ps(),
+            valid,
+            v,
+            base.as_ptr(),
+        ))
+    }
+}
+
+impl Lanes<f64, Avx512> for F64x8 {
+    const N: usize = 8;
+
+    #[inline(always)]
+    fn splat(_: Avx512, v: f64) -> Self {
+        // SAFETY: the token proves AVX-512F.
+        F64x8(unsafe { _mm512_set1_pd(v) })
+    }
+    #[inline(always)]
+    fn load(_: Avx512, src: &[f64]) -> Self {
+        assert!(src.len() >= 8);
+        // SAFETY: AVX-512F (token); 8 values are readable (asserted).
+        F64x8(unsafe { _mm512_loadu_pd(src.as_ptr()) })
+    }
+    #[inline(always)]
+    fn load_partial(_: Avx512, src: &[f64]) -> Self {
+        debug_assert!(src.len() < 8);
+        let n = src.len().min(8);
+        // SAFETY: AVX-512F (token); only the first n <= src.len() lanes are read.
+        F64x8(unsafe { _mm512_maskz_loadu_pd(first(n) as __mmask8, src.as_ptr()) })
+    }
+    #[inline(always)]
+    fn store(self, dst: &mut [f64]) {
+        assert!(dst.len() >= 8);
+        // SAFETY: AVX-512F (a value exists); 8 values are writable (asserted).
+        unsafe { _mm512_storeu_pd(dst.as_mut_ptr(), self.0) }
+    }
+    #[inline(always)]
+    fn store_partial(self, dst: &mut [f64]) {
+        debug_assert!(dst.len() < 8);
+        let n = dst.len().min(8);
+        // SAFETY: AVX-512F (a value exists); only the first n <= dst.len() lanes are written.
+        unsafe { _mm512_mask_storeu_pd(dst.as_mut_ptr(), first(n) as __mmask8, self.0) }
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F64x8(unsafe { _mm512_add_pd(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F64x8(unsafe { _mm512_sub_pd(self.0, o.0) })
+    }
+    #[inline(always)]
+    fn mul(self, o: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F64x8(unsafe { _mm512_mul_pd(self.0, o.0) })
+    }
+    #[inline(always)]
+    unsafe fn gather(b: Avx512, base: &[f64], idx: &[i32]) -> Self {
+        assert!(idx.len() >= 8);
+        // SAFETY: as gather_partial, with all 8 lanes.
+        unsafe { gather_f64(b, base, idx, 8) }
+    }
+    #[inline(always)]
+    unsafe fn gather_partial(b: Avx512, base: &[f64], idx: &[i32]) -> Self {
+        debug_assert!(idx.len() < 8);
+        // SAFETY: the caller's contract; n = idx.len() lanes.
+        unsafe { gather_f64(b, base, idx, idx.len().min(8)) }
+    }
+}
+
+/// Lanes `i < n` are `base[idx[i]]` or 0 for a negative index, the others 0 (`n <= 8`).
+///
+/// # Safety
+/// `idx.len() >= n`, and every non-negative `idx[i]`, `i < n`, is below `base.len()`.
+#[inline(always)]
+unsafe fn gather_f64(_: Avx512, base: &[f64], idx: &[i32], n: usize) -> F64x8 {
+    debug_assert!(n <= 8);
+    // SAFETY: AVX-512F (token); only the lanes of `valid` (all below n <= 8) are read, each in
+    // bounds by the contract.
+    unsafe {
+        let (v, valid) = indices(idx, n);
+        F64x8(_mm512_mask_i32gather_pd::<8>(
+            _mm512_setzero_pd(),
+            valid as __mmask8,
+            _mm512_castsi512_si256(v),
+            base.as_ptr(),
+        ))
+    }
+}

@@ -1,0 +1,219 @@
+//! The instruction set the kernels run on, chosen once per process and passed to each call as
+//! a backend value.
+//!
+//! A kernel is written once, generic over a [`Backend`] and over the element type (through
+//! [`Element`], which `f32` and `f64` implement): it works on the backend's vectors
+//! ([`Lanes`]) and runs through [`dispatch`], which calls it inside a function compiled with
+//! the backend's CPU features, so the generic code is inlined there and compiled for them.
+//!
+//! A backend value (a token) can only be made when its CPU features exist: [`Avx512::new`] and
+//! [`Avx2::new`] check them; [`Portable`] (the `wide` crate: NEON on aarch64, SSE on plain
+//! x86_64) and [`Scalar`] (one lane) run anywhere. The vector types of the x86 backends have
+//! private fields and are built only from a token, so a vector value proves the features.
+//!
+//! The traits are `pub` only so that the sealed [`crate::Float`] can require [`Element`];
+//! this module is private to the crate.
+//!
+//! Every backend does plain IEEE multiplies and adds (no fused multiply-add), so a kernel that
+//! does the same operations in the same order gives the same bits on every backend.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod portable;
+mod scalar;
+#[cfg(test)]
+mod tests;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::Avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::Avx512;
+pub(crate) use portable::Portable;
+pub(crate) use scalar::Scalar;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The instruction sets, in increasing order of preference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// One lane, plain code.
+    Scalar,
+    /// The `wide` crate's vectors, compiled for the target's baseline features.
+    Portable,
+    /// AVX2 with FMA (x86_64).
+    Avx2,
+    /// AVX-512F (x86_64).
+    Avx512,
+}
+
+impl Isa {
+    /// The name `DEFORMCONV_ISA` and `DEFORMCONV_EXPECT_ISA` use.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Isa> {
+        [Isa::Scalar, Isa::Portable, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .find(|isa| isa.name() == name)
+    }
+}
+
+/// The instruction set the kernels use: the best the CPU has, capped by `DEFORMCONV_ISA`
+/// (see [`capped`]), detected once and cached.
+pub(crate) fn isa() -> Isa {
+    static CACHE: AtomicU8 = AtomicU8::new(0);
+    const ALL: [Isa; 4] = [Isa::Scalar, Isa::Portable, Isa::Avx2, Isa::Avx512];
+    match CACHE.load(Ordering::Relaxed) {
+        0 => {
+            let found = capped(detected());
+            CACHE.store(found as u8 + 1, Ordering::Relaxed);
+            found
+        }
+        code => ALL[usize::from(code - 1)],
+    }
+}
+
+/// The best instruction set this CPU has.
+fn detected() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if Avx512::new().is_some() {
+            return Isa::Avx512;
+        }
+        if Avx2::new().is_some() {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Portable
+}
+
+/// `detected`, lowered to the cap named by the environment variable `DEFORMCONV_ISA`
+/// (`avx512`, `avx2`, `portable` or `scalar`; anything else, or unset, leaves it as detected).
+/// It lets one machine run the whole test suite on every code path (CI does), and users
+/// compare paths.
+fn capped(detected: Isa) -> Isa {
+    match std::env::var("DEFORMCONV_ISA")
+        .ok()
+        .as_deref()
+        .and_then(Isa::from_name)
+    {
+        Some(cap) => detected.min(cap),
+        None => detected,
+    }
+}
+
+/// A set of CPU features, as a value that exists only when the CPU has them.
+pub trait Backend: Copy + Send + Sync + 'static {
+    /// Which instruction set this is.
+    const ISA: Isa;
+    /// The `f32` vector.
+    type F32: Lanes<f32, Self>;
+    /// The `f64` vector.
+    type F64: Lanes<f64, Self>;
+
+    /// `op.run(self)`, called from a function compiled with this backend's features (so that
+    /// `op`'s `#[inline(always)]` code is compiled for them).
+    fn vectorize<O: WithBackend>(self, op: O) -> O::Output;
+}
+
+/// A vector of `N` values of `T` on backend `B`. Lane arithmetic is IEEE, one rounding per
+/// operation (no fused multiply-add).
+pub trait Lanes<T: Copy, B: Backend>: Copy {
+    /// The number of lanes.
+    const N: usize;
+    /// Every lane `v`.
+    fn splat(b: B, v: T) -> Self;
+    /// Lanes `src[..N]` (`src.len() >= N`, checked).
+    fn load(b: B, src: &[T]) -> Self;
+    /// Lanes `src[..src.len()]` and zeros after (`src.len() < N`, checked in debug builds).
+    fn load_partial(b: B, src: &[T]) -> Self;
+    /// Writes the lanes to `dst[..N]` (`dst.len() >= N`, checked).
+    fn store(self, dst: &mut [T]);
+    /// Writes the first `dst.len()` lanes to `dst` (`dst.len() < N`, checked in debug builds).
+    fn store_partial(self, dst: &mut [T]);
+    /// `self + o` per lane.
+    fn add(self, o: Self) -> Self;
+    /// `self - o` per lane.
+    fn sub(self, o: Self) -> Self;
+    /// `self * o` per lane.
+    fn mul(self, o: Self) -> Self;
+    /// Lane `i` is `base[idx[i]]` where `idx[i] >= 0`, else 0 (nothing is read for it), for
+    /// `i < N` (`idx.len() >= N`, checked).
+    ///
+    /// # Safety
+    /// Every non-negative `idx[i]`, `i < N`, is below `base.len()`.
+    unsafe fn gather(b: B, base: &[T], idx: &[i32]) -> Self;
+    /// [`Lanes::gather`] for the first `idx.len()` lanes (`idx.len() < N`, checked in debug
+    /// builds); the others are 0.
+    ///
+    /// # Safety
+    /// As for [`Lanes::gather`].
+    unsafe fn gather_partial(b: B, base: &[T], idx: &[i32]) -> Self;
+}
+
+/// An element type with a vector on every backend: `f32` and `f64`.
+pub trait Element: Copy + Send + Sync + 'static {
+    /// The vector of this type on backend `B`.
+    type V<B: Backend>: Lanes<Self, B>;
+}
+
+impl Element for f32 {
+    type V<B: Backend> = B::F32;
+}
+
+impl Element for f64 {
+    type V<B: Backend> = B::F64;
+}
+
+/// A kernel call that is generic over the backend; run it with [`dispatch`].
+pub trait WithBackend {
+    /// What the kernel returns.
+    type Output;
+    /// The kernel on backend `b`; mark it `#[inline(always)]` so that it is compiled with the
+    /// backend's features.
+    fn run<B: Backend>(self, b: B) -> Self::Output;
+}
+
+/// Runs `op` on the backend of [`isa`].
+#[inline(always)]
+pub(crate) fn dispatch<O: WithBackend>(op: O) -> O::Output {
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa` returns Avx512 only after `Avx512::new` found the features.
+        Isa::Avx512 => unsafe { Avx512::new_unchecked() }.vectorize(op),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `isa` returns Avx2 only after `Avx2::new` found the features.
+        Isa::Avx2 => unsafe { Avx2::new_unchecked() }.vectorize(op),
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx512 | Isa::Avx2 => unreachable!("x86 instruction sets are not detected here"),
+        Isa::Portable => Portable::new().vectorize(op),
+        Isa::Scalar => Scalar::new().vectorize(op),
+    }
+}
+
+/// A closure as a [`WithBackend`] that ignores the backend.
+struct Plain<F>(F);
+
+impl<R, F: FnOnce() -> R> WithBackend for Plain<F> {
+    type Output = R;
+    #[inline(always)]
+    fn run<B: Backend>(self, _: B) -> R {
+        (self.0)()
+    }
+}
+
+/// Runs `f` compiled with the features of the backend of [`isa`] (so that, say, `floor` and
+/// float comparisons in scalar code become single instructions instead of library calls);
+/// mark the closure `#[inline(always)]`.
+#[inline(always)]
+pub(crate) fn with_features<R>(f: impl FnOnce() -> R) -> R {
+    dispatch(Plain(f))
+}

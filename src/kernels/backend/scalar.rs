@@ -1,0 +1,90 @@
+//! The one-lane backend: plain code, any CPU.
+
+use super::{Backend, Isa, Lanes, WithBackend};
+
+/// The scalar backend's token (always available).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Scalar(());
+
+impl Scalar {
+    /// The token; every CPU has what it needs.
+    pub(crate) fn new() -> Self {
+        Scalar(())
+    }
+}
+
+/// One value as a one-lane vector.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct One<T>(T);
+
+impl Backend for Scalar {
+    const ISA: Isa = Isa::Scalar;
+    type F32 = One<f32>;
+    type F64 = One<f64>;
+
+    #[inline(always)]
+    fn vectorize<O: WithBackend>(self, op: O) -> O::Output {
+        op.run(self)
+    }
+}
+
+macro_rules! one_lane {
+    ($t:ty) => {
+        impl Lanes<$t, Scalar> for One<$t> {
+            const N: usize = 1;
+
+            #[inline(always)]
+            fn splat(_: Scalar, v: $t) -> Self {
+                One(v)
+            }
+            #[inline(always)]
+            fn load(_: Scalar, src: &[$t]) -> Self {
+                One(src[0])
+            }
+            #[inline(always)]
+            fn load_partial(_: Scalar, src: &[$t]) -> Self {
+                debug_assert!(src.is_empty());
+                One(0.0)
+            }
+            #[inline(always)]
+            fn store(self, dst: &mut [$t]) {
+                dst[0] = self.0;
+            }
+            #[inline(always)]
+            fn store_partial(self, dst: &mut [$t]) {
+                debug_assert!(dst.is_empty());
+            }
+            #[inline(always)]
+            fn add(self, o: Self) -> Self {
+                One(self.0 + o.0)
+            }
+            #[inline(always)]
+            fn sub(self, o: Self) -> Self {
+                One(self.0 - o.0)
+            }
+            #[inline(always)]
+            fn mul(self, o: Self) -> Self {
+                One(self.0 * o.0)
+            }
+            #[inline(always)]
+            unsafe fn gather(_: Scalar, base: &[$t], idx: &[i32]) -> Self {
+                let i = idx[0];
+                debug_assert!(i < 0 || (i as usize) < base.len());
+                // SAFETY: a non-negative index is below base.len() (the caller's contract).
+                One(if i >= 0 {
+                    unsafe { *base.get_unchecked(i as usize) }
+                } else {
+                    0.0
+                })
+            }
+            #[inline(always)]
+            unsafe fn gather_partial(_: Scalar, _: &[$t], idx: &[i32]) -> Self {
+                debug_assert!(idx.is_empty());
+                One(0.0)
+            }
+        }
+    };
+}
+
+one_lane!(f32);
+one_lane!(f64);
