@@ -267,7 +267,7 @@ pub fn deform_conv2d_grad_input_into<T: Float>(
 
 /// `grad_offset[n, 2(gK+k), y, x] = sum_{c in g} gcol * m * Wy` and `[.., 2(gK+k)+1, ..]` with
 /// `Wx`: the bilinear derivatives of `params.convention` (by default torchvision's one-sided
-/// ones, no window cut-off, corners outside the image reading 0; see [`Convention`]).
+/// ones, no window cut-off, corners outside the image reading 0; see [`Convention`](crate::Convention)).
 pub fn deform_conv2d_grad_offset<T: Float>(
     grad_out: ArrayView4<'_, T>,
     input: ArrayView4<'_, T>,
