@@ -309,10 +309,10 @@ mod x86 {
                         at[t][b] as usize + channels.start,
                     );
                     debug_assert!(pa + cw <= image.len() && pb + cw <= image.len());
-                    // SAFETY: pixels at[t][_] are at most zero_pixel, so channels
-                    // `channels` of each lie in the image (caller's contract); lanes 8.. of the
-                    // second load address pb (the pointer is formed by wrapping_sub and only
-                    // its live lanes 8 .. 8 + cw are read).
+                    // Pixels at[t][_] are at most zero_pixel, so channels `channels` of each
+                    // lie in the image (caller's contract); the second load's pointer is
+                    // formed by wrapping_sub and only its live lanes 8 .. 8 + cw (at pb) are read.
+                    // SAFETY: as just said: every live lane lies inside `image`.
                     let v = unsafe {
                         let v = _mm512_maskz_loadu_ps(low, base.add(pa));
                         _mm512_mask_loadu_ps(v, high, base.add(pb).wrapping_sub(8))
