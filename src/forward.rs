@@ -323,7 +323,7 @@ fn out_slice_len(geo: &Geometry) -> usize {
 struct TileScratch<T> {
     cols: Vec<T>,
     table: SampleTable<T>,
-    gemm: GemmScratch,
+    gemm: GemmScratch<T>,
     staging: Vec<T>,
 }
 

@@ -8,8 +8,7 @@ use super::operands::{ImageOut, Needs, Operands, Stats, WeightOut};
 use super::plan::Plan;
 use super::task::Task;
 #[cfg(target_arch = "x86_64")]
-use super::weights::permute_weight;
-use super::weights::{combine_partials, pack_weight_t, Weights};
+use super::weights::{combine_partials, pack_weight_t, permute_weight, Weights};
 use crate::float::Float;
 use crate::geometry::Geometry;
 use crate::kernels::taps::PlaneLayout;
@@ -54,13 +53,9 @@ pub(crate) fn run<T: Float>(
     let weights = if !needs.gcol() {
         Weights::None
     } else if pixel_major {
-        #[cfg(target_arch = "x86_64")]
-        let tap_major = permute_weight(g, ops);
-        #[cfg(not(target_arch = "x86_64"))]
-        let tap_major = None;
-        tap_major.unwrap_or(Weights::None)
+        permute_weight(g, ops)
     } else {
-        pack_weight_t(g, ops).map_or(Weights::None, Weights::Packed)
+        pack_weight_t(g, ops)
     };
     let results: Vec<(Vec<T>, Stats)> = per_task
         .into_par_iter()

@@ -39,7 +39,7 @@ use crate::kernels::taps::{PlaneLayout, Tap};
 use crate::scratch;
 
 /// The scratch and fixed facts of one (slot, offset group) task.
-pub(super) struct Task<'p, 'a, T> {
+pub(super) struct Task<'p, 'a, T: Float> {
     s: Scope<'p, 'a, T>,
     plan: &'p Plan,
     needs: Needs,
@@ -55,7 +55,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         ops: &'p Operands<'a, T>,
         needs: Needs,
         og: usize,
-        weights: &'p Weights,
+        weights: &'p Weights<T>,
     ) -> Self {
         let s = Scope {
             g,

@@ -1,6 +1,6 @@
-//! The weight as the backward's GEMMs read it, prepared once per call (packed for our
-//! `f32` GEMM, or permuted tap-major for the pixel-major path), and the final gathering of
-//! the tasks' `grad_weight` partials.
+//! The weight as the backward's GEMMs read it, prepared once per call (`weightᵀ` packed, or
+//! permuted tap-major for the pixel-major path), and the final gathering of the tasks'
+//! `grad_weight` partials.
 
 use rayon::prelude::*;
 
@@ -8,95 +8,72 @@ use super::operands::{Operands, Stats};
 use super::plan::{segments, Plan, Segment};
 use crate::float::Float;
 use crate::geometry::Geometry;
-#[cfg(target_arch = "x86_64")]
-use crate::scratch;
+use crate::kernels::gemm::{MatB, PackedA, PackedB};
 
 /// Columns of `B` per call of the pixel-major GEMMs: a `KC x 480` packed block (480 KiB)
 /// stays in L2 while every row panel of `A` passes over it.
-#[cfg(target_arch = "x86_64")]
 pub(super) const GEMM_COLUMNS: usize = 480;
 
-/// `weightᵀ` of one segment, packed for the AVX-512 `f32` GEMM.
-#[cfg(target_arch = "x86_64")]
-pub(super) type PackedWeightT = crate::kernels::sgemm::PackedA;
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) type PackedWeightT = ();
-
-/// Per offset group, per segment: the segment's `weightᵀ` (`(c_hi - c_lo) K x C_out/groups`)
-/// packed once per call for the column gradient, when the element type is `f32` and the CPU
-/// has AVX-512F (otherwise `None`, and matrixmultiply packs per tile).
-pub(super) fn pack_weight_t<T: Float>(
-    g: &Geometry,
-    ops: &Operands<'_, T>,
-) -> Option<Vec<Vec<PackedWeightT>>> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::kernels::lanes::{isa, Isa};
-        let weight = ops.weight?;
-        if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() || isa() != Isa::Avx512 {
-            return None;
-        }
-        // SAFETY: T is f32 (checked above): the same memory read as f32.
-        let w = unsafe { std::slice::from_raw_parts(weight.as_ptr() as *const f32, weight.len()) };
-        let k_taps = g.taps();
-        let cink = g.c_in_per_group() * k_taps;
-        let cog = g.c_out_per_group();
-        Some(
-            (0..g.offset_groups)
-                .map(|og| {
-                    segments(g, og)
-                        .iter()
-                        .map(|seg| {
-                            let rows = (seg.c_hi - seg.c_lo) * k_taps;
-                            let a0 = seg.conv_group * cog * cink
-                                + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
-                            PackedWeightT::pack_strided(&w[a0..], rows, cog, 1, cink)
-                        })
-                        .collect()
-                })
-                .collect(),
-        )
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (g, ops);
-        None
-    }
-}
-
 /// The weight as the column-gradient GEMM reads it, prepared once per call.
-pub(super) enum Weights {
-    /// matrixmultiply reads the caller's weight directly.
+pub(super) enum Weights<T: Float> {
+    /// No column gradient is wanted.
     None,
-    /// Per offset group, per segment, `weightᵀ` packed for the AVX-512 `f32` GEMM.
-    Packed(Vec<Vec<PackedWeightT>>),
+    /// Per offset group, per segment, `weightᵀ` (`(c_hi - c_lo) K x C_out/groups`) packed as
+    /// the GEMM's `A`.
+    Packed(Vec<Vec<PackedA<T>>>),
     /// Per offset group, per segment, the pixel-major path's `B`,
     /// `[o][k * C_seg + c] = weight[group o, c, k]`, packed in blocks of [`GEMM_COLUMNS`]
     /// columns.
-    #[cfg(target_arch = "x86_64")]
-    TapMajor(Vec<Vec<Vec<crate::kernels::sgemm::PackedB>>>),
+    TapMajor(Vec<Vec<Vec<PackedB<T>>>>),
 }
 
-/// [`Weights::TapMajor`] of the operands (`None` without a weight or when `T` is not `f32`).
-/// Rows in parallel.
-#[cfg(target_arch = "x86_64")]
-pub(super) fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Option<Weights> {
-    use crate::kernels::pixel_major::to_pixel_major;
-    use crate::kernels::sgemm::{MatB, PackedB};
-    let weight = crate::kernels::same_type::<T, f32>(ops.weight?)?;
+/// [`Weights::Packed`] of the operands (`None` without a weight).
+pub(super) fn pack_weight_t<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Weights<T> {
+    let Some(w) = ops.weight else {
+        return Weights::None;
+    };
+    let k_taps = g.taps();
+    let cink = g.c_in_per_group() * k_taps;
+    let cog = g.c_out_per_group();
+    Weights::Packed(
+        (0..g.offset_groups)
+            .map(|og| {
+                segments(g, og)
+                    .iter()
+                    .map(|seg| {
+                        let rows = (seg.c_hi - seg.c_lo) * k_taps;
+                        let a0 = seg.conv_group * cog * cink
+                            + (seg.c_lo - seg.conv_group * g.c_in_per_group()) * k_taps;
+                        PackedA::pack_strided(&w[a0..], rows, cog, 1, cink)
+                    })
+                    .collect()
+            })
+            .collect(),
+    )
+}
+
+/// [`Weights::TapMajor`] of the operands (`None` without a weight). Rows in parallel.
+pub(super) fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> Weights<T> {
+    let Some(weight) = ops.weight else {
+        return Weights::None;
+    };
     let k_taps = g.taps();
     let cink = g.c_in_per_group() * k_taps;
     let cog = g.c_out_per_group();
     let permute = |seg: &Segment| {
         let cs = seg.c_hi - seg.c_lo;
-        let mut out = scratch::take::<f32>(cog * cs * k_taps);
+        let mut out = crate::scratch::take::<T>(cog * cs * k_taps);
         let c0 = seg.c_lo - seg.conv_group * g.c_in_per_group();
         out.par_chunks_mut((cs * k_taps).max(1))
             .enumerate()
             .for_each(|(o, row)| {
                 let src = &weight[(seg.conv_group * cog + o) * cink + c0 * k_taps..][..cs * k_taps];
                 // row[k * cs + c] = src[c * K + k]: a cs x K transpose.
-                to_pixel_major(src, cs, k_taps, k_taps, row);
+                for (c, taps) in src.chunks_exact(k_taps).enumerate() {
+                    for (k, &v) in taps.iter().enumerate() {
+                        row[k * cs + c] = v;
+                    }
+                }
             });
         let rows = cs * k_taps;
         let blocks = (0..rows)
@@ -107,18 +84,17 @@ pub(super) fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> O
                     rs: rows,
                     cs: 1,
                 };
-                // SAFETY: AVX-512F was detected (`pixel_major_candidate`).
-                unsafe { PackedB::pack(b, cog, GEMM_COLUMNS.min(rows - n0)) }
+                PackedB::pack(b, cog, GEMM_COLUMNS.min(rows - n0))
             })
             .collect();
-        scratch::give(out);
+        crate::scratch::give(out);
         blocks
     };
-    Some(Weights::TapMajor(
+    Weights::TapMajor(
         (0..g.offset_groups)
             .map(|og| segments(g, og).iter().map(permute).collect())
             .collect(),
-    ))
+    )
 }
 
 /// Adds the tasks' weight partials into `grad_weight` in slot order, rows of `out` in

@@ -43,8 +43,6 @@ pub(crate) mod lanes;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod locate_avx512;
 pub(crate) mod pixel_major;
-#[cfg(target_arch = "x86_64")]
-pub(crate) mod sgemm;
 pub(crate) mod taps;
 pub(crate) mod taps_avx512;
 #[cfg(target_arch = "x86_64")]

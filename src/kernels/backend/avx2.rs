@@ -130,6 +130,13 @@ impl Lanes<f32, Avx2> for F32x8 {
         F32x8(unsafe { _mm256_mul_ps(self.0, o.0) })
     }
     #[inline(always)]
+    fn mul_add(self, m: Self, a: Self) -> Self {
+        // SAFETY: FMA (a value exists).
+        F32x8(unsafe { _mm256_fmadd_ps(self.0, m.0, a.0) })
+    }
+    const GEMM_ROWS: usize = 6;
+    const GEMM_VECTORS: usize = 2;
+    #[inline(always)]
     unsafe fn gather(_: Avx2, base: &[f32], idx: &[i32]) -> Self {
         assert!(idx.len() >= 8);
         // SAFETY: AVX2 (token); 8 indices are readable (asserted); the lanes with a negative
@@ -212,6 +219,13 @@ impl Lanes<f64, Avx2> for F64x4 {
         // SAFETY: AVX2 (a value exists).
         F64x4(unsafe { _mm256_mul_pd(self.0, o.0) })
     }
+    #[inline(always)]
+    fn mul_add(self, m: Self, a: Self) -> Self {
+        // SAFETY: FMA (a value exists).
+        F64x4(unsafe { _mm256_fmadd_pd(self.0, m.0, a.0) })
+    }
+    const GEMM_ROWS: usize = 6;
+    const GEMM_VECTORS: usize = 2;
     #[inline(always)]
     unsafe fn gather(_: Avx2, base: &[f64], idx: &[i32]) -> Self {
         assert!(idx.len() >= 4);

@@ -129,6 +129,39 @@ impl Lanes<f32, Avx512> for F32x16 {
         F32x16(unsafe { _mm512_mul_ps(self.0, o.0) })
     }
     #[inline(always)]
+    fn mul_add(self, m: Self, a: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F32x16(unsafe { _mm512_fmadd_ps(self.0, m.0, a.0) })
+    }
+    const GEMM_ROWS: usize = 8;
+    const GEMM_VECTORS: usize = 3;
+    #[inline(always)]
+    fn transpose_block(
+        _: Avx512,
+        src: &[f32],
+        stride: usize,
+        rows: usize,
+        dst: &mut [f32],
+        ld: usize,
+    ) {
+        assert!(dst.len() >= 15 * ld + 16);
+        assert!((1..=16).contains(&rows) && src.len() >= (rows - 1) * stride + 16);
+        // SAFETY: AVX-512F (token); row i < rows ends at i * stride + 16 <= src.len() (asserted).
+        let mut r: [__m512; 16] = std::array::from_fn(|i| unsafe {
+            if i < rows {
+                _mm512_loadu_ps(src.as_ptr().add(i * stride))
+            } else {
+                _mm512_setzero_ps()
+            }
+        });
+        // SAFETY: AVX-512F (token).
+        unsafe { crate::kernels::transpose::transpose16(&mut r) };
+        for (k, v) in r.iter().enumerate() {
+            // SAFETY: AVX-512F (token); k * ld + 16 <= dst.len() (asserted).
+            unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(k * ld), *v) };
+        }
+    }
+    #[inline(always)]
     unsafe fn gather(b: Avx512, base: &[f32], idx: &[i32]) -> Self {
         assert!(idx.len() >= 16);
         // SAFETY: as gather_partial, with all 16 lanes.
@@ -210,6 +243,13 @@ impl Lanes<f64, Avx512> for F64x8 {
         // SAFETY: AVX-512F (a value exists).
         F64x8(unsafe { _mm512_mul_pd(self.0, o.0) })
     }
+    #[inline(always)]
+    fn mul_add(self, m: Self, a: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F64x8(unsafe { _mm512_fmadd_pd(self.0, m.0, a.0) })
+    }
+    const GEMM_ROWS: usize = 8;
+    const GEMM_VECTORS: usize = 3;
     #[inline(always)]
     unsafe fn gather(b: Avx512, base: &[f64], idx: &[i32]) -> Self {
         assert!(idx.len() >= 8);

@@ -14,8 +14,10 @@
 //! The traits are `pub` only so that the sealed [`crate::Float`] can require [`Element`];
 //! this module is private to the crate.
 //!
-//! Every backend does plain IEEE multiplies and adds (no fused multiply-add), so a kernel that
-//! does the same operations in the same order gives the same bits on every backend.
+//! Every backend does plain IEEE multiplies and adds, so a kernel that does the same operations
+//! in the same order gives the same bits on every backend. The one exception is
+//! [`Lanes::mul_add`], the GEMM's step, which is fused where the backend has FMA: a product
+//! depends on the backend (never on the thread count or the tiling).
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -24,7 +26,7 @@ mod avx512;
 mod portable;
 mod scalar;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::Avx2;
@@ -126,7 +128,7 @@ pub trait Backend: Copy + Send + Sync + 'static {
 
 /// A vector of `N` values of `T` on backend `B`. Lane arithmetic is IEEE, one rounding per
 /// operation (no fused multiply-add).
-pub trait Lanes<T: Copy, B: Backend>: Copy {
+pub trait Lanes<T: Copy + Default, B: Backend>: Copy {
     /// The number of lanes.
     const N: usize;
     /// Every lane `v`.
@@ -145,6 +147,9 @@ pub trait Lanes<T: Copy, B: Backend>: Copy {
     fn sub(self, o: Self) -> Self;
     /// `self * o` per lane.
     fn mul(self, o: Self) -> Self;
+    /// `self * m + a` per lane: one rounding where the backend has FMA (AVX-512, AVX2, and
+    /// `wide` where the target has it), two elsewhere; the same for every call on a backend.
+    fn mul_add(self, m: Self, a: Self) -> Self;
     /// Lane `i` is `base[idx[i]]` where `idx[i] >= 0`, else 0 (nothing is read for it), for
     /// `i < N` (`idx.len() >= N`, checked).
     ///
@@ -157,10 +162,37 @@ pub trait Lanes<T: Copy, B: Backend>: Copy {
     /// # Safety
     /// As for [`Lanes::gather`].
     unsafe fn gather_partial(b: B, base: &[T], idx: &[i32]) -> Self;
+
+    /// Rows of the GEMM's register block ([`crate::kernels::gemm`]).
+    const GEMM_ROWS: usize;
+    /// Vectors of columns of the GEMM's register block: `GEMM_ROWS * GEMM_VECTORS`
+    /// accumulators, the `B` vectors and a broadcast fill the register file.
+    const GEMM_VECTORS: usize;
+
+    /// Writes the `N x N` transpose of the block whose row `i < rows` is
+    /// `src[i * stride ..][..N]` (rows past `rows` read as zero) to `dst`, row `k` at
+    /// `dst[k * ld ..][..N]`: exact copies. Element by element unless a backend has better.
+    ///
+    /// # Panics
+    /// If `rows` is not in `1..=N` or a row lies outside its slice.
+    #[inline(always)]
+    fn transpose_block(_: B, src: &[T], stride: usize, rows: usize, dst: &mut [T], ld: usize) {
+        assert!((1..=Self::N).contains(&rows));
+        for k in 0..Self::N {
+            let row = &mut dst[k * ld..][..Self::N];
+            for (i, d) in row.iter_mut().enumerate() {
+                *d = if i < rows {
+                    src[i * stride + k]
+                } else {
+                    T::default()
+                };
+            }
+        }
+    }
 }
 
 /// An element type with a vector on every backend: `f32` and `f64`.
-pub trait Element: Copy + Send + Sync + 'static {
+pub trait Element: Copy + Default + Send + Sync + 'static {
     /// The vector of this type on backend `B`.
     type V<B: Backend>: Lanes<Self, B>;
 }

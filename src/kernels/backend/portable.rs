@@ -72,6 +72,12 @@ macro_rules! wide_lanes {
                 self * o
             }
             #[inline(always)]
+            fn mul_add(self, m: Self, a: Self) -> Self {
+                <$v>::mul_add(self, m, a)
+            }
+            const GEMM_ROWS: usize = 6;
+            const GEMM_VECTORS: usize = 1;
+            #[inline(always)]
             unsafe fn gather(_: Portable, base: &[$t], idx: &[i32]) -> Self {
                 let idx: &[i32; $n] = idx[..$n].try_into().unwrap();
                 // SAFETY: the caller's contract.

@@ -66,6 +66,13 @@ macro_rules! one_lane {
             fn mul(self, o: Self) -> Self {
                 One(self.0 * o.0)
             }
+            /// Two roundings: a fused `mul_add` without FMA in the build is a library call.
+            #[inline(always)]
+            fn mul_add(self, m: Self, a: Self) -> Self {
+                One(self.0 * m.0 + a.0)
+            }
+            const GEMM_ROWS: usize = 4;
+            const GEMM_VECTORS: usize = 4;
             #[inline(always)]
             unsafe fn gather(_: Scalar, base: &[$t], idx: &[i32]) -> Self {
                 let i = idx[0];

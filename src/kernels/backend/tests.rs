@@ -23,7 +23,7 @@ fn expected() -> Vec<Isa> {
 }
 
 /// `made`, or a failure if the CPU lacks the backend and CI expects it, or `None` (skip).
-fn token<B: Backend>(made: Option<B>, isa: Isa) -> Option<B> {
+pub(crate) fn token<B: Backend>(made: Option<B>, isa: Isa) -> Option<B> {
     if made.is_none() {
         assert!(
             !expected().contains(&isa),

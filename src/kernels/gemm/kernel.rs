@@ -1,0 +1,242 @@
+//! The GEMM's loops and its register kernel, generic over the backend.
+
+use super::pack::{pack_b, PackedA, PackedB};
+use super::{block_shape, Init, MatB, KC};
+use crate::kernels::backend::{Backend, Element, Lanes, WithBackend};
+use crate::Float;
+
+/// Where the product takes the packed depth blocks of `B` from.
+pub(super) enum Operand<'a, T: Float> {
+    /// Packed block by block into the buffer.
+    Unpacked(MatB<'a, T>, &'a mut Vec<T>),
+    /// Packed already.
+    Packed(&'a PackedB<T>),
+}
+
+/// The product's output: `len` columns of `C` at row stride `ldc`, and what it starts from.
+pub(super) struct Out<'a, T> {
+    pub c: *mut T,
+    pub ldc: usize,
+    pub len: usize,
+    pub init: Init<'a, T>,
+}
+
+/// One product, run on a backend. Built only by [`super::multiply`] and
+/// [`super::multiply_packed`], whose safety contracts its fields satisfy: `out.c` addresses
+/// `a.rows` rows of `out.len` writable elements at stride `out.ldc`, the caller's own.
+pub(super) struct Product<'a, T: Float> {
+    pub a: &'a PackedA<T>,
+    pub b: Operand<'a, T>,
+    pub out: Out<'a, T>,
+}
+
+impl<T: Float> WithBackend for Product<'_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn run<B: Backend>(self, be: B) {
+        let Product { a, mut b, out } = self;
+        let (mr, nr) = block_shape::<T, B>();
+        assert_eq!(a.mr, mr, "A was packed for another backend");
+        let (rows, depth, len) = (a.rows, a.depth, out.len);
+        debug_assert!(!matches!(out.init, Init::Bias(bias) if bias.len() < rows));
+        if rows == 0 || len == 0 {
+            return;
+        }
+        if depth == 0 {
+            // SAFETY: the fields' contract (see the type).
+            return unsafe { fill_init(rows, &out) };
+        }
+        let panels = len.div_ceil(nr);
+        for r0 in (0..depth).step_by(KC) {
+            let kc = KC.min(depth - r0);
+            let size = panels * kc * nr;
+            let block: &[T] = match &mut b {
+                Operand::Unpacked(m, bp) => {
+                    bp.resize(bp.len().max(size), T::ZERO);
+                    pack_b(be, *m, r0, kc, len, &mut bp[..size]);
+                    &bp[..size]
+                }
+                Operand::Packed(p) => {
+                    assert_eq!(p.nr, nr, "B was packed for another backend");
+                    &p.data[r0 * panels * nr..][..size]
+                }
+            };
+            // SAFETY: the fields' contract; `block` is the packed depth block r0 .. r0 + kc.
+            unsafe { update(be, a, r0, kc, block, &out) };
+        }
+    }
+}
+
+/// `c = init` for a product of depth 0.
+///
+/// # Safety
+/// `out.c` addresses `rows` rows of `out.len` writable elements at stride `out.ldc`.
+unsafe fn fill_init<T: Float>(rows: usize, out: &Out<'_, T>) {
+    for o in 0..rows {
+        let v = match out.init {
+            Init::Bias(bias) => bias[o],
+            Init::Zero => T::ZERO,
+            Init::Accumulate => continue,
+        };
+        for q in 0..out.len {
+            // SAFETY: o < rows, q < len: inside the caller's region.
+            unsafe { *out.c.add(o * out.ldc + q) = v };
+        }
+    }
+}
+
+/// What a register block's accumulators start from.
+#[derive(Clone, Copy)]
+enum Start<'a, T> {
+    /// The bias of each live row (first depth block).
+    Bias(&'a [T]),
+    /// Zero (first depth block, no bias).
+    Zero,
+    /// The partial sums already in `C` (later depth blocks).
+    Load,
+}
+
+/// `C (+)= A[.., r0 .. r0 + kc] · B[r0 .. r0 + kc, ..]` for one packed depth block `bp` of
+/// `B` (`ceil(len / NR)` panels of `kc x NR`).
+///
+/// # Safety
+/// `out` as in [`Product`].
+#[inline(always)]
+unsafe fn update<B: Backend, T: Element + Float>(
+    be: B,
+    a: &PackedA<T>,
+    r0: usize,
+    kc: usize,
+    bp: &[T],
+    out: &Out<'_, T>,
+) {
+    let (mr, nr) = block_shape::<T, B>();
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let (rows, depth, len) = (a.rows, a.depth, out.len);
+    debug_assert_eq!(bp.len(), len.div_ceil(nr) * kc * nr);
+    for p in 0..rows.div_ceil(mr) {
+        let live = mr.min(rows - p * mr);
+        let ap = &a.data[(p * depth + r0) * mr..][..kc * mr];
+        let start = match (r0, out.init) {
+            (0, Init::Bias(bias)) => Start::Bias(&bias[p * mr..][..live]),
+            (0, Init::Zero) => Start::Zero,
+            _ => Start::Load,
+        };
+        for (jp, panel) in bp.chunks_exact(kc * nr).enumerate() {
+            let q0 = jp * nr;
+            let width = nr.min(len - q0);
+            let c = Tile {
+                // SAFETY: row p * MR and column q0 < len lie in the caller's region.
+                c: unsafe { out.c.add(p * mr * out.ldc + q0) },
+                ldc: out.ldc,
+                live,
+                width,
+            };
+            // SAFETY: rows p*MR .. + live < rows and columns q0 .. + width <= len lie in the
+            // caller's region; `ap` holds kc x MR and `panel` kc x NR values.
+            unsafe {
+                match (mr, width.div_ceil(n)) {
+                    (8, 3) => block::<B, T, 8, 3>(be, kc, ap, panel, c, start),
+                    (8, 2) => block::<B, T, 8, 2>(be, kc, ap, panel, c, start),
+                    (8, _) => block::<B, T, 8, 1>(be, kc, ap, panel, c, start),
+                    (6, 2) => block::<B, T, 6, 2>(be, kc, ap, panel, c, start),
+                    (6, _) => block::<B, T, 6, 1>(be, kc, ap, panel, c, start),
+                    (4, 4) => block::<B, T, 4, 4>(be, kc, ap, panel, c, start),
+                    (4, 3) => block::<B, T, 4, 3>(be, kc, ap, panel, c, start),
+                    (4, 2) => block::<B, T, 4, 2>(be, kc, ap, panel, c, start),
+                    (4, _) => block::<B, T, 4, 1>(be, kc, ap, panel, c, start),
+                    _ => unreachable!("no register kernel for {mr} rows"),
+                }
+            }
+        }
+    }
+}
+
+/// A register block's part of `C`: `live` rows of `width` elements at stride `ldc`.
+#[derive(Clone, Copy)]
+struct Tile<T> {
+    c: *mut T,
+    ldc: usize,
+    live: usize,
+    width: usize,
+}
+
+impl<T: Float> Tile<T> {
+    /// Row `i`, vector `v` of `C` (`N` wide, fewer in the last vector of the row).
+    ///
+    /// # Safety
+    /// `i < live`, `v * N < width`; the tile is the caller's writable region.
+    #[inline(always)]
+    unsafe fn part<'t>(self, i: usize, v: usize, n: usize) -> &'t mut [T] {
+        debug_assert!(i < self.live && v * n < self.width);
+        let len = n.min(self.width - v * n);
+        // SAFETY: row i < live, columns v * N .. + len <= width: inside the region.
+        unsafe { std::slice::from_raw_parts_mut(self.c.add(i * self.ldc + v * n), len) }
+    }
+}
+
+/// The register kernel: `C[i, q] (+)= sum_k a[k * MR + i] * b[k * NR + q]` for `i < live`,
+/// `q < width`, with `NV` vectors of columns (`width <= NV * N`, the last vector partial).
+///
+/// # Safety
+/// `a` holds `kc * MR` and `b` `kc * NR` values; `c` addresses `live` rows of `width`
+/// writable elements at stride `ldc`, the caller's own.
+#[inline(always)]
+unsafe fn block<B: Backend, T: Element + Float, const MR: usize, const NV: usize>(
+    be: B,
+    kc: usize,
+    a: &[T],
+    b: &[T],
+    c: Tile<T>,
+    start: Start<'_, T>,
+) {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let nr = block_shape::<T, B>().1;
+    debug_assert!(a.len() >= kc * MR && b.len() >= kc * nr && NV * n <= nr);
+    debug_assert!(c.live <= MR && c.width <= NV * n && c.width > (NV - 1) * n);
+    let load = |i: usize, v: usize| {
+        // SAFETY: i < live, v < NV with (NV - 1) * N < width (the caller's tile).
+        let part = unsafe { c.part(i, v, n) };
+        if part.len() == n {
+            T::V::<B>::load(be, part)
+        } else {
+            T::V::<B>::load_partial(be, part)
+        }
+    };
+    let mut acc = [[T::V::<B>::splat(be, T::ZERO); NV]; MR];
+    match start {
+        Start::Bias(bias) => {
+            for (row, &x) in acc.iter_mut().zip(bias) {
+                *row = [T::V::<B>::splat(be, x); NV];
+            }
+        }
+        Start::Zero => {}
+        Start::Load => {
+            for (i, row) in acc.iter_mut().enumerate().take(c.live) {
+                for (v, x) in row.iter_mut().enumerate() {
+                    *x = load(i, v);
+                }
+            }
+        }
+    }
+    for (ak, bk) in a.chunks_exact(MR).zip(b.chunks_exact(nr)).take(kc) {
+        let bv: [_; NV] = std::array::from_fn(|v| T::V::<B>::load(be, &bk[v * n..]));
+        for (row, &ai) in acc.iter_mut().zip(ak) {
+            let av = T::V::<B>::splat(be, ai);
+            for (x, &bx) in row.iter_mut().zip(&bv) {
+                *x = av.mul_add(bx, *x);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate().take(c.live) {
+        for (v, x) in row.iter().enumerate() {
+            // SAFETY: i < live, v < NV with (NV - 1) * N < width.
+            let part = unsafe { c.part(i, v, n) };
+            if part.len() == n {
+                x.store(part)
+            } else {
+                x.store_partial(part)
+            }
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The GEMM of the fast path, written once over the backend's vectors, for `f32` and `f64`:
+//! `C = init + A · B` with `A` (a weight, `rows x depth`) packed once and reused, and `B`
+//! (a column tile, `depth x len`) packed per product or once ([`PackedB`]).
+//!
+//! Why our own: matrixmultiply repacks `A` on every call, and the forward calls the GEMM once
+//! per tile, so on the ResNet res5 layer (a 9.4 MB weight, 49 pixels per image) it spent most
+//! of its time packing; and it ignores `DEFORMCONV_ISA`. Here the weight is packed once and
+//! shared by every tile and thread, on the backend every other kernel uses.
+//!
+//! Blocking: depth in blocks of [`KC`]; for each block the tile's `B` rows are packed into
+//! panels of `NR = GEMM_VECTORS * N` columns (`[panel][k][NR]`, zero padded), then every
+//! `MR x NR` block of `C` is updated by the register kernel ([`kernel`]), the `A` micro-panel
+//! (`KC x MR`) staying in L1 while the `B` panels stream from L2. `MR` and `NR` are the
+//! backend's ([`Lanes::GEMM_ROWS`], [`Lanes::GEMM_VECTORS`]): 8 x 48 for `f32` on AVX-512,
+//! 6 x 16 on AVX2, 6 x 8 on `wide`, 4 x 4 scalar.
+//!
+//! Arithmetic: every `C` element is one chain, `c = bias` (or 0, or `C`), then
+//! `c = mul_add(a[o, r], b[r, q], c)` for `r = 0, 1, .., depth - 1` in order, with the
+//! backend's [`Lanes::mul_add`] (a block boundary stores and reloads `c` exactly). It does not
+//! depend on the tile, the panel or the lane an element falls in, so the result is independent
+//! of how the work is split.
+
+mod kernel;
+mod pack;
+#[cfg(test)]
+mod tests;
+mod tile;
+
+pub(crate) use pack::{PackedA, PackedB};
+pub(crate) use tile::{GemmScratch, TileGemm};
+
+use super::backend::{dispatch, Backend, Element, Lanes, WithBackend};
+use crate::float::Float;
+
+/// Depth per block: the `A` micro-panel `KC x MR` and one `B` panel `KC x NR` fit L1.
+const KC: usize = 256;
+
+/// The `B` operand: `depth x len` with element `(r, q)` at `data[r * rs + q * cs]` (a column
+/// tile has `cs = 1`; the transposed tile of the weight gradient has `rs = 1`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MatB<'a, T> {
+    pub data: &'a [T],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// What the sums start from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Init<'a, T> {
+    /// `bias[o]` for row `o` (`C` is only written).
+    Bias(&'a [T]),
+    /// Zero (`C` is only written).
+    Zero,
+    /// The values already in `C` (`C += A · B`).
+    Accumulate,
+}
+
+impl<T: Float> Init<'_, T> {
+    /// `Zero` for `beta = 0`, `Accumulate` otherwise (`beta` is 0 or 1).
+    pub(crate) fn beta(beta: T) -> Self {
+        debug_assert!(beta == T::ZERO || beta == T::ONE);
+        if beta == T::ZERO {
+            Init::Zero
+        } else {
+            Init::Accumulate
+        }
+    }
+}
+
+/// The register block `(MR, NR)` of backend `B` for `T`.
+fn block_shape<T: Element, B: Backend>() -> (usize, usize) {
+    (
+        <T::V<B> as Lanes<T, B>>::GEMM_ROWS,
+        <T::V<B> as Lanes<T, B>>::GEMM_VECTORS * <T::V<B> as Lanes<T, B>>::N,
+    )
+}
+
+/// The register block `(MR, NR)` of the process's backend for `T`.
+pub(crate) fn shape<T: Float>() -> (usize, usize) {
+    struct Shape<T>(std::marker::PhantomData<T>);
+    impl<T: Float> WithBackend for Shape<T> {
+        type Output = (usize, usize);
+        #[inline(always)]
+        fn run<B: Backend>(self, _: B) -> (usize, usize) {
+            block_shape::<T, B>()
+        }
+    }
+    dispatch(Shape::<T>(std::marker::PhantomData))
+}
+
+/// `c[o * ldc + q] = init[o, q] + sum_r a[o, r] * b[r, q]` for `o < rows`, `q < len`, with
+/// `init` the bias, zero (then `c` is never read) or `c` itself. `bp` is the caller's
+/// reusable buffer for the packed `B` block.
+///
+/// # Safety
+/// `b` holds `a`'s depth rows of `len` columns (checked in debug builds); `c` addresses
+/// `rows` rows of `len` writable elements at stride `ldc`, owned by the caller for the
+/// duration of the call and disjoint from `b` and the bias.
+pub(crate) unsafe fn multiply<T: Float>(
+    a: &PackedA<T>,
+    b: MatB<'_, T>,
+    len: usize,
+    init: Init<'_, T>,
+    c: *mut T,
+    ldc: usize,
+    bp: &mut Vec<T>,
+) {
+    debug_assert!(
+        len == 0 || a.depth == 0 || b.data.len() > (a.depth - 1) * b.rs + (len - 1) * b.cs
+    );
+    let out = kernel::Out { c, ldc, len, init };
+    dispatch(kernel::Product {
+        a,
+        b: kernel::Operand::Unpacked(b, bp),
+        out,
+    })
+}
+
+/// [`multiply`] with a [`PackedB`] (`len` = its columns, no packing per call).
+///
+/// # Safety
+/// As [`multiply`]; `b` has `a`'s depth.
+pub(crate) unsafe fn multiply_packed<T: Float>(
+    a: &PackedA<T>,
+    b: &PackedB<T>,
+    init: Init<'_, T>,
+    c: *mut T,
+    ldc: usize,
+) {
+    assert_eq!(a.depth, b.depth, "A and B depths differ");
+    let out = kernel::Out {
+        c,
+        ldc,
+        len: b.len,
+        init,
+    };
+    dispatch(kernel::Product {
+        a,
+        b: kernel::Operand::Packed(b),
+        out,
+    })
+}

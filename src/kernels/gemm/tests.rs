@@ -1,0 +1,154 @@
+//! The GEMM on every backend and both element types, bit for bit against its documented chain.
+
+use super::kernel::{Operand, Out, Product};
+use super::*;
+use crate::kernels::backend::{Portable, Scalar};
+
+/// Whether `mul_add` rounds once on this backend (found by a case where it matters:
+/// `(1 + e)(1 - e) - 1` is `-e²` fused and `0` otherwise).
+fn fused<T: Float, B: Backend>(be: B) -> bool {
+    let e = T::from_f64(T::EPSILON * 2.0);
+    let x = T::V::<B>::splat(be, T::ONE + e);
+    let y = T::V::<B>::splat(be, T::ONE - e);
+    let mut out = vec![T::ZERO; <T::V<B> as Lanes<T, B>>::N];
+    x.mul_add(y, T::V::<B>::splat(be, -T::ONE)).store(&mut out);
+    out[0] != T::ZERO
+}
+
+/// `c[o, q] = start[o, q]`, then `c = step(a[o, r], b[r, q], c)` for r in order.
+fn chain<T: Float>(
+    a: &[T],
+    b: &[T],
+    start: &[T],
+    (rows, depth, len): (usize, usize, usize),
+    step: impl Fn(T, T, T) -> T,
+) -> Vec<T> {
+    let mut c = start.to_vec();
+    for o in 0..rows {
+        for q in 0..len {
+            for r in 0..depth {
+                c[o * len + q] = step(a[o * depth + r], b[r * len + q], c[o * len + q]);
+            }
+        }
+    }
+    c
+}
+
+fn values<T: Float>(n: usize, seed: usize) -> Vec<T> {
+    (0..n)
+        .map(|i| T::from_f64(((i * seed) % 97) as f64 / 7.0 - 6.5))
+        .collect()
+}
+
+/// Every combination of init, operand form (plain, transposed, packed) and ragged shape.
+fn equals_chain<T: Float, B: Backend>(be: B, fma: fn(T, T, T) -> T) {
+    let (mr, _) = block_shape::<T, B>();
+    let step = |x: T, y: T, c: T| {
+        if fused::<T, B>(be) {
+            fma(x, y, c)
+        } else {
+            x * y + c
+        }
+    };
+    for &(rows, depth, len) in &[
+        (1, 1, 1),
+        (8, 256, 48),
+        (13, 300, 50),
+        (3, 517, 17),
+        (9, 2, 97),
+        (16, 0, 5),
+        (7, 33, 16),
+    ] {
+        let a = values::<T>(rows * depth, 37);
+        let b = values::<T>(depth * len, 53);
+        let bias = values::<T>(rows, 11);
+        let before = values::<T>(rows * len, 29);
+        // bt[q * depth + r] = b[r * len + q]: B given transposed (rs = 1, cs = depth).
+        let mut bt = vec![T::ZERO; depth * len];
+        for r in 0..depth {
+            for q in 0..len {
+                bt[q * depth + r] = b[r * len + q];
+            }
+        }
+        let mut packed = PackedA::empty_for(mr);
+        packed.repack(&a, rows, depth, depth, 1);
+        let plain = MatB {
+            data: &b,
+            rs: len,
+            cs: 1,
+        };
+        let turned = MatB {
+            data: &bt,
+            rs: 1,
+            cs: depth,
+        };
+        for (name, init, start) in [
+            (
+                "bias",
+                Init::Bias(&bias[..]),
+                (0..rows * len).map(|i| bias[i / len.max(1)]).collect(),
+            ),
+            ("zero", Init::Zero, vec![T::ZERO; rows * len]),
+            ("accumulate", Init::Accumulate, before.clone()),
+        ] {
+            let want = chain(&a, &b, &start, (rows, depth, len), step);
+            let pb = PackedB::pack_on(be, plain, depth, len);
+            for form in ["plain", "transposed", "packed"] {
+                let mut c = match init {
+                    Init::Accumulate => before.clone(),
+                    _ => vec![T::from_f64(f64::NAN); rows * len],
+                };
+                let mut bp = Vec::new();
+                let out = Out {
+                    c: c.as_mut_ptr(),
+                    ldc: len,
+                    len,
+                    init,
+                };
+                let b = match form {
+                    "plain" => Operand::Unpacked(plain, &mut bp),
+                    "transposed" => Operand::Unpacked(turned, &mut bp),
+                    _ => Operand::Packed(&pb),
+                };
+                be.vectorize(Product { a: &packed, b, out });
+                for (i, (x, y)) in c.iter().zip(&want).enumerate() {
+                    assert!(
+                        x.to_f64().to_bits() == y.to_f64().to_bits(),
+                        "{} {rows}x{depth}x{len} {name} {form} [{i}]: {x} != {y}",
+                        T::NAME
+                    );
+                }
+            }
+        }
+    }
+}
+
+macro_rules! per_backend {
+    ($($name:ident: $make:expr;)*) => {$(
+        mod $name {
+            use super::*;
+            #[test]
+            fn f32_equals_its_chain() {
+                if let Some(be) = $make {
+                    equals_chain::<f32, _>(be, f32::mul_add)
+                }
+            }
+            #[test]
+            fn f64_equals_its_chain() {
+                if let Some(be) = $make {
+                    equals_chain::<f64, _>(be, f64::mul_add)
+                }
+            }
+        }
+    )*};
+}
+
+per_backend! {
+    scalar: Some(Scalar::new());
+    portable: Some(Portable::new());
+}
+#[cfg(target_arch = "x86_64")]
+per_backend! {
+    avx2: crate::kernels::backend::tests::token(crate::kernels::backend::Avx2::new(), crate::kernels::backend::Isa::Avx2);
+    avx512: crate::kernels::backend::tests::token(crate::kernels::backend::Avx512::new(), crate::kernels::backend::Isa::Avx512);
+}

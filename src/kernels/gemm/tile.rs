@@ -1,0 +1,70 @@
+//! The one GEMM call site of the forward pass: `out_tile = weight_g · cols + bias`, by
+//! [`super::multiply`] with the weight packed once per call and shared by every tile (1.5–2.5x
+//! matrixmultiply's sgemm on the same tiles on this crate's workloads, AVX-512: matrixmultiply
+//! repacks the weight per call). The bias is fused: the sum starts from it.
+
+use super::{multiply, Init, MatB, PackedA};
+use crate::float::Float;
+
+/// The weight of a call, ready for the tiles: per conv group, its `rows x depth` block packed.
+pub(crate) struct TileGemm<T: Float> {
+    packed: Vec<PackedA<T>>,
+}
+
+/// Per-thread scratch of [`TileGemm::multiply_tile`].
+#[derive(Debug)]
+pub(crate) struct GemmScratch<T> {
+    packed_b: Vec<T>,
+}
+
+impl<T> Default for GemmScratch<T> {
+    fn default() -> Self {
+        GemmScratch {
+            packed_b: Vec::new(),
+        }
+    }
+}
+
+impl<T: Float> TileGemm<T> {
+    /// Packs `weight` (`groups * rows * depth` elements, row-major blocks).
+    pub(crate) fn new(weight: &[T], groups: usize, rows: usize, depth: usize) -> Self {
+        assert!(weight.len() >= groups * rows * depth);
+        let packed = (0..groups)
+            .map(|g| PackedA::pack(&weight[g * rows * depth..][..rows * depth], rows, depth))
+            .collect();
+        TileGemm { packed }
+    }
+
+    /// `out[o * rs + q] = bias[o] + sum_r weight_g[o, r] * cols[r * ld + q]` for
+    /// `o < rows`, `q < len`: the tile's output for conv group `group`. Without bias the output
+    /// is overwritten without being read (stale or NaN contents never leak in).
+    ///
+    /// # Safety
+    /// `cols` holds `depth` rows of `len` elements at stride `ld`; `out` addresses `rows` rows
+    /// of `len` writable elements at row stride `rs`, exclusively owned by the caller for the
+    /// duration of the call and disjoint from the weight, `cols` and `bias`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn multiply_tile(
+        &self,
+        group: usize,
+        cols: &[T],
+        ld: usize,
+        len: usize,
+        bias: Option<&[T]>,
+        out: *mut T,
+        rs: usize,
+        scratch: &mut GemmScratch<T>,
+    ) {
+        let packed = &self.packed[group];
+        debug_assert!(len == 0 || cols.len() >= (packed.depth.max(1) - 1) * ld + len);
+        debug_assert!(bias.is_none_or(|b| b.len() >= packed.rows));
+        let b = MatB {
+            data: cols,
+            rs: ld,
+            cs: 1,
+        };
+        let init = bias.map_or(Init::Zero, Init::Bias);
+        // SAFETY: the caller's contract (cols is depth x len at stride ld, out rows x len).
+        unsafe { multiply(packed, b, len, init, out, rs, &mut scratch.packed_b) }
+    }
+}
