@@ -114,17 +114,17 @@ unsafe fn update<B: Backend, T: Element + Float>(
     let n = <T::V<B> as Lanes<T, B>>::N;
     let (rows, depth, len) = (a.rows, a.depth, out.len);
     debug_assert_eq!(bp.len(), len.div_ceil(nr) * kc * nr);
-    for p in 0..rows.div_ceil(mr) {
-        let live = mr.min(rows - p * mr);
-        let ap = &a.data[(p * depth + r0) * mr..][..kc * mr];
-        let start = match (r0, out.init) {
-            (0, Init::Bias(bias)) => Start::Bias(&bias[p * mr..][..live]),
-            (0, Init::Zero) => Start::Zero,
-            _ => Start::Load,
-        };
-        for (jp, panel) in bp.chunks_exact(kc * nr).enumerate() {
-            let q0 = jp * nr;
-            let width = nr.min(len - q0);
+    for (jp, panel) in bp.chunks_exact(kc * nr).enumerate() {
+        let q0 = jp * nr;
+        let width = nr.min(len - q0);
+        for p in 0..rows.div_ceil(mr) {
+            let live = mr.min(rows - p * mr);
+            let ap = &a.data[(p * depth + r0) * mr..][..kc * mr];
+            let start = match (r0, out.init) {
+                (0, Init::Bias(bias)) => Start::Bias(&bias[p * mr..][..live]),
+                (0, Init::Zero) => Start::Zero,
+                _ => Start::Load,
+            };
             let c = Tile {
                 // SAFETY: row p * MR and column q0 < len lie in the caller's region.
                 c: unsafe { out.c.add(p * mr * out.ldc + q0) },
