@@ -37,6 +37,7 @@ pub(crate) struct F64x8(__m512d);
 
 impl Backend for Avx512 {
     const ISA: Isa = Isa::Avx512;
+    const OWN_GEMM: bool = true;
     type F32 = F32x16;
     type F64 = F64x8;
 

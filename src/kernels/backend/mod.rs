@@ -116,6 +116,9 @@ fn capped(detected: Isa) -> Isa {
 pub trait Backend: Copy + Send + Sync + 'static {
     /// Which instruction set this is.
     const ISA: Isa;
+    /// Whether the crate's GEMM kernel ([`crate::kernels::gemm`]) runs on this backend;
+    /// otherwise matrixmultiply's does (where a benchmark says it wins).
+    const OWN_GEMM: bool;
     /// The `f32` vector.
     type F32: Lanes<f32, Self>;
     /// The `f64` vector.

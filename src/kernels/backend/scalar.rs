@@ -19,6 +19,7 @@ pub(crate) struct One<T>(T);
 
 impl Backend for Scalar {
     const ISA: Isa = Isa::Scalar;
+    const OWN_GEMM: bool = true;
     type F32 = One<f32>;
     type F64 = One<f64>;
 

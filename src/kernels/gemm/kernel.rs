@@ -35,8 +35,6 @@ impl<T: Float> WithBackend for Product<'_, T> {
     #[inline(always)]
     fn run<B: Backend>(self, be: B) {
         let Product { a, mut b, out } = self;
-        let (mr, nr) = block_shape::<T, B>();
-        assert_eq!(a.mr, mr, "A was packed for another backend");
         let (rows, depth, len) = (a.rows, a.depth, out.len);
         debug_assert!(!matches!(out.init, Init::Bias(bias) if bias.len() < rows));
         if rows == 0 || len == 0 {
@@ -46,6 +44,12 @@ impl<T: Float> WithBackend for Product<'_, T> {
             // SAFETY: the fields' contract (see the type).
             return unsafe { fill_init(rows, &out) };
         }
+        if a.mr == 0 {
+            // SAFETY: the fields' contract (see the type).
+            return unsafe { by_matrixmultiply(a, &b, &out) };
+        }
+        let (mr, nr) = block_shape::<T, B>();
+        assert_eq!(a.mr, mr, "A was packed for another backend");
         let panels = len.div_ceil(nr);
         for r0 in (0..depth).step_by(KC) {
             let kc = KC.min(depth - r0);
@@ -64,6 +68,51 @@ impl<T: Float> WithBackend for Product<'_, T> {
             // SAFETY: the fields' contract; `block` is the packed depth block r0 .. r0 + kc.
             unsafe { update(be, a, r0, kc, block, &out) };
         }
+    }
+}
+
+/// The product by matrixmultiply, from row-major `A` (and `B`, when packed).
+///
+/// # Safety
+/// As [`Product`].
+unsafe fn by_matrixmultiply<T: Float>(a: &PackedA<T>, b: &Operand<'_, T>, out: &Out<'_, T>) {
+    let (rows, depth, len) = (a.rows, a.depth, out.len);
+    let (bp, rsb, csb) = match b {
+        Operand::Unpacked(m, _) => (m.data.as_ptr(), m.rs, m.cs),
+        Operand::Packed(p) => {
+            assert_eq!(p.nr, 0, "B was packed for another backend");
+            (p.data.as_ptr(), p.len, 1)
+        }
+    };
+    let beta = match out.init {
+        Init::Bias(_) => {
+            // SAFETY: the fields' contract.
+            unsafe { fill_init(rows, out) };
+            T::ONE
+        }
+        Init::Zero => T::ZERO,
+        Init::Accumulate => T::ONE,
+    };
+    debug_assert!(a.data.len() >= rows * depth);
+    // SAFETY: A is rows x depth row-major (`repack` with mr = 0), B depth x len through its
+    // strides (checked by `multiply` / `PackedB::pack`), C the caller's own region.
+    unsafe {
+        T::gemm(
+            rows,
+            depth,
+            len,
+            T::ONE,
+            a.data.as_ptr(),
+            depth as isize,
+            1,
+            bp,
+            rsb as isize,
+            csb as isize,
+            beta,
+            out.c,
+            out.ldc as isize,
+            1,
+        )
     }
 }
 

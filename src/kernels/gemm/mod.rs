@@ -2,10 +2,14 @@
 //! `C = init + A · B` with `A` (a weight, `rows x depth`) packed once and reused, and `B`
 //! (a column tile, `depth x len`) packed per product or once ([`PackedB`]).
 //!
-//! Why our own: matrixmultiply repacks `A` on every call, and the forward calls the GEMM once
-//! per tile, so on the ResNet res5 layer (a 9.4 MB weight, 49 pixels per image) it spent most
-//! of its time packing; and it ignores `DEFORMCONV_ISA`. Here the weight is packed once and
-//! shared by every tile and thread, on the backend every other kernel uses.
+//! Two engines behind this one interface, chosen by the backend ([`Backend::OWN_GEMM`]):
+//! - ours, on AVX-512 (`f32` and `f64`) and scalar. Why: matrixmultiply repacks `A` on every
+//!   call, and the forward calls the GEMM once per tile, so on the ResNet res5 layer (a 9.4 MB
+//!   weight, 49 pixels per image) it spent most of its time packing. Here the weight is packed
+//!   once and shared by every tile and thread. Measured against matrixmultiply in one run
+//!   (`isa_probe`, Intel Xeon, 2 threads): `f64` W4 forward 162 -> 108-115 ms.
+//! - matrixmultiply's, on AVX2 and portable, where "packing" is a plain row-major copy
+//!   (`mr = 0`) and each product one matrixmultiply call.
 //!
 //! Blocking: depth in blocks of [`KC`]; for each block the tile's `B` rows are packed into
 //! panels of `NR = GEMM_VECTORS * N` columns (`[panel][k][NR]`, zero padded), then every
@@ -75,14 +79,19 @@ fn block_shape<T: Element, B: Backend>() -> (usize, usize) {
     )
 }
 
-/// The register block `(MR, NR)` of the process's backend for `T`.
+/// The register block `(MR, NR)` of the process's backend for `T`, or `(0, 0)` where
+/// matrixmultiply runs the products (plain row-major operands).
 pub(crate) fn shape<T: Float>() -> (usize, usize) {
     struct Shape<T>(std::marker::PhantomData<T>);
     impl<T: Float> WithBackend for Shape<T> {
         type Output = (usize, usize);
         #[inline(always)]
         fn run<B: Backend>(self, _: B) -> (usize, usize) {
-            block_shape::<T, B>()
+            if B::OWN_GEMM {
+                block_shape::<T, B>()
+            } else {
+                (0, 0)
+            }
         }
     }
     dispatch(Shape::<T>(std::marker::PhantomData))

@@ -5,13 +5,14 @@ use crate::kernels::backend::{dispatch, Backend, Element, Lanes, WithBackend};
 use crate::{scratch, Float};
 
 /// A `rows x depth` matrix packed as `ceil(rows / MR)` panels of `depth x MR`
-/// (`panel[r * MR + i] = a[(p * MR + i), r]`, rows past `rows` zero), `MR` the backend's.
+/// (`panel[r * MR + i] = a[(p * MR + i), r]`, rows past `rows` zero), `MR` the backend's; or,
+/// for matrixmultiply (`MR = 0`), copied row-major.
 #[derive(Debug)]
 pub(crate) struct PackedA<T: Float> {
     pub(super) data: Vec<T>,
     pub(super) rows: usize,
     pub(super) depth: usize,
-    /// Rows per panel (the backend's `MR` when packed).
+    /// Rows per panel (the backend's `MR` when packed; 0: row-major for matrixmultiply).
     pub(super) mr: usize,
 }
 
@@ -66,7 +67,8 @@ impl<T: Float> PackedA<T> {
             rows == 0 || depth == 0 || a.len() > (rows - 1) * rs + (depth - 1) * cs,
             "packed matrix outside its slice"
         );
-        let mr = self.mr;
+        // Row-major is one panel of `rows` rows, read transposed by matrixmultiply.
+        let mr = if self.mr == 0 { rows.max(1) } else { self.mr };
         let size = rows.div_ceil(mr) * depth * mr;
         if self.data.capacity() < size {
             scratch::give(std::mem::take(&mut self.data));
@@ -75,6 +77,14 @@ impl<T: Float> PackedA<T> {
         self.data.clear();
         self.data.resize(size, T::ZERO);
         (self.rows, self.depth) = (rows, depth);
+        if self.mr == 0 {
+            for (o, row) in self.data.chunks_exact_mut(depth.max(1)).enumerate() {
+                for (r, d) in row.iter_mut().enumerate().take(depth) {
+                    *d = a[o * rs + r * cs];
+                }
+            }
+            return;
+        }
         let fill = |(p, panel): (usize, &mut [T])| {
             let live = mr.min(rows - p * mr);
             let base = p * mr * rs;
@@ -108,7 +118,7 @@ pub(crate) struct PackedB<T: Float> {
     pub(super) data: Vec<T>,
     pub(super) depth: usize,
     pub(super) len: usize,
-    /// Columns per panel (the backend's `NR` when packed).
+    /// Columns per panel (the backend's `NR` when packed; 0: row-major for matrixmultiply).
     pub(super) nr: usize,
 }
 
@@ -135,7 +145,27 @@ impl<T: Float> PackedB<T> {
 
     /// [`PackedB::pack`] for backend `be`.
     #[inline(always)]
-    pub(super) fn pack_on<B: Backend>(be: B, b: MatB<'_, T>, depth: usize, len: usize) -> Self {
+    fn pack_on<B: Backend>(be: B, b: MatB<'_, T>, depth: usize, len: usize) -> Self {
+        if B::OWN_GEMM {
+            return Self::pack_panels(be, b, depth, len);
+        }
+        let mut data = scratch::take::<T>(depth * len);
+        for (r, row) in data.chunks_exact_mut(len.max(1)).enumerate().take(depth) {
+            for (q, d) in row.iter_mut().enumerate() {
+                *d = b.data[r * b.rs + q * b.cs];
+            }
+        }
+        PackedB {
+            data,
+            depth,
+            len,
+            nr: 0,
+        }
+    }
+
+    /// `B` in panels for our kernel on backend `be`.
+    #[inline(always)]
+    pub(super) fn pack_panels<B: Backend>(be: B, b: MatB<'_, T>, depth: usize, len: usize) -> Self {
         let nr = block_shape::<T, B>().1;
         let panels = len.div_ceil(nr);
         let mut data = scratch::take::<T>(panels * nr * depth);

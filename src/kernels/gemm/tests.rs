@@ -92,7 +92,7 @@ fn equals_chain<T: Float, B: Backend>(be: B, fma: fn(T, T, T) -> T) {
             ("accumulate", Init::Accumulate, before.clone()),
         ] {
             let want = chain(&a, &b, &start, (rows, depth, len), step);
-            let pb = PackedB::pack_on(be, plain, depth, len);
+            let pb = PackedB::pack_panels(be, plain, depth, len);
             for form in ["plain", "transposed", "packed"] {
                 let mut c = match init {
                     Init::Accumulate => before.clone(),
@@ -151,4 +151,76 @@ per_backend! {
 per_backend! {
     avx2: crate::kernels::backend::tests::token(crate::kernels::backend::Avx2::new(), crate::kernels::backend::Isa::Avx2);
     avx512: crate::kernels::backend::tests::token(crate::kernels::backend::Avx512::new(), crate::kernels::backend::Isa::Avx512);
+}
+
+/// The engine the process runs (ours or matrixmultiply, as the backend chooses; CI runs this
+/// under every `DEFORMCONV_ISA` cap), through the public entry points, against the product in
+/// `f64` within `depth` roundings of the absolute sum.
+fn process_engine_is_close<T: Float>() {
+    for &(rows, depth, len) in &[
+        (1, 1, 1),
+        (13, 300, 50),
+        (9, 2, 97),
+        (16, 0, 5),
+        (7, 33, 16),
+    ] {
+        let a = values::<T>(rows * depth, 37);
+        let b = values::<T>(depth * len, 53);
+        let bias = values::<T>(rows, 11);
+        let before = values::<T>(rows * len, 29);
+        let packed = PackedA::pack(&a, rows, depth);
+        let plain = MatB {
+            data: &b,
+            rs: len,
+            cs: 1,
+        };
+        let pb = PackedB::pack(plain, depth, len);
+        for init in [Init::Bias(&bias[..]), Init::Zero, Init::Accumulate] {
+            for packed_b in [false, true] {
+                let mut c = match init {
+                    Init::Accumulate => before.clone(),
+                    _ => vec![T::from_f64(f64::NAN); rows * len],
+                };
+                let mut bp = Vec::new();
+                // SAFETY: c is rows x len, b depth x len.
+                unsafe {
+                    if packed_b {
+                        multiply_packed(&packed, &pb, init, c.as_mut_ptr(), len)
+                    } else {
+                        multiply(&packed, plain, len, init, c.as_mut_ptr(), len, &mut bp)
+                    }
+                };
+                for o in 0..rows {
+                    for q in 0..len {
+                        let start = match init {
+                            Init::Bias(bias) => bias[o].to_f64(),
+                            Init::Zero => 0.0,
+                            Init::Accumulate => before[o * len + q].to_f64(),
+                        };
+                        let terms =
+                            (0..depth).map(|r| a[o * depth + r].to_f64() * b[r * len + q].to_f64());
+                        let exact = start + terms.clone().sum::<f64>();
+                        let scale = start.abs() + terms.map(f64::abs).sum::<f64>();
+                        let err = (c[o * len + q].to_f64() - exact).abs();
+                        assert!(
+                            err <= (depth + 1) as f64 * T::EPSILON * scale,
+                            "{} {rows}x{depth}x{len} packed B {packed_b} ({o}, {q}): {} vs {exact}",
+                            T::NAME,
+                            c[o * len + q]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn process_engine_is_close_f32() {
+    process_engine_is_close::<f32>();
+}
+
+#[test]
+fn process_engine_is_close_f64() {
+    process_engine_is_close::<f64>();
 }

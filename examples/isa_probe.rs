@@ -1,0 +1,97 @@
+//! Timing probe across element types and backends (min of `ITERS` runs, default 10):
+//! `cargo run --release --example isa_probe -- W2 W4` prints, per workload, the deformable
+//! forward, the dense forward and the full deformable backward in `f32` and `f64`, in ms and
+//! GFLOP/s. Run it under `DEFORMCONV_ISA=avx512|avx2|portable|scalar` to compare backends.
+
+use deformconv::{conv2d, deform_conv2d, deform_conv2d_backward, Float, Want};
+use ndarray::{Array1, Array4};
+use std::time::Instant;
+
+fn cast<T: Float>(a: &Array4<f32>) -> Array4<T> {
+    a.mapv(|v| T::from_f64(v as f64))
+}
+
+fn best(iters: usize, mut f: impl FnMut()) -> f64 {
+    (0..iters)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
+    let ops = wl.operands();
+    let (input, offset, weight, go) = (
+        cast::<T>(&ops.input),
+        cast::<T>(&ops.offset),
+        cast::<T>(&ops.weight),
+        cast::<T>(&ops.grad_out),
+    );
+    let mask = ops.mask.as_ref().map(cast::<T>);
+    let bias: Option<Array1<T>> = ops.bias.as_ref().map(|b| b.mapv(|v| T::from_f64(v as f64)));
+    let p = wl.params();
+    let gflop = wl.flops() / 1e9;
+    let fwd = best(iters, || {
+        let r = deform_conv2d(
+            input.view(),
+            offset.view(),
+            mask.as_ref().map(|m| m.view()),
+            weight.view(),
+            bias.as_ref().map(|b| b.view()),
+            &p,
+        )
+        .unwrap();
+        std::hint::black_box(r);
+    });
+    let dense = best(iters, || {
+        let r = conv2d(
+            input.view(),
+            weight.view(),
+            bias.as_ref().map(|b| b.view()),
+            &p,
+        )
+        .unwrap();
+        std::hint::black_box(r);
+    });
+    let bwd = best(iters, || {
+        let r = deform_conv2d_backward(
+            go.view(),
+            input.view(),
+            offset.view(),
+            mask.as_ref().map(|m| m.view()),
+            weight.view(),
+            &p,
+            Want::ALL,
+        )
+        .unwrap();
+        std::hint::black_box(r);
+    });
+    println!(
+        "{} {}: forward {:.2} ms ({:.1} GFLOP/s), dense forward {:.2} ms ({:.1}), full backward {:.2} ms ({:.1} at 2x the forward's flops)",
+        wl.name,
+        T::NAME,
+        fwd * 1e3,
+        gflop / fwd,
+        dense * 1e3,
+        gflop / dense,
+        bwd * 1e3,
+        2.0 * gflop / bwd
+    );
+}
+
+fn main() {
+    let names: Vec<String> = std::env::args().skip(1).collect();
+    let iters: usize = std::env::var("ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
+    for wl in deformconv::workloads::WORKLOADS {
+        if !names.is_empty() && !names.iter().any(|n| n == wl.name) {
+            continue;
+        }
+        run::<f32>(&wl, iters);
+        run::<f64>(&wl, iters);
+    }
+}
