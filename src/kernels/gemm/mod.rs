@@ -3,20 +3,23 @@
 //! (a column tile, `depth x len`) packed per product or once ([`PackedB`]).
 //!
 //! Two engines behind this one interface, chosen by the backend ([`Backend::OWN_GEMM`]):
-//! - ours, on AVX-512 (`f32` and `f64`) and scalar. Why: matrixmultiply repacks `A` on every
-//!   call, and the forward calls the GEMM once per tile, so on the ResNet res5 layer (a 9.4 MB
-//!   weight, 49 pixels per image) it spent most of its time packing. Here the weight is packed
-//!   once and shared by every tile and thread. Measured against matrixmultiply in one run
-//!   (`isa_probe`, Intel Xeon, 2 threads): `f64` W4 forward 162 -> 108-115 ms.
-//! - matrixmultiply's, on AVX2 and portable, where "packing" is a plain row-major copy
-//!   (`mr = 0`) and each product one matrixmultiply call.
+//! - ours, on AVX-512 (`f32` and `f64`). Why: matrixmultiply repacks `A` on every call, and
+//!   the forward calls the GEMM once per tile, so on the ResNet res5 layer (a 9.4 MB weight,
+//!   49 pixels per image) it spent most of its time packing. Here the weight is packed once
+//!   and shared by every tile and thread. Measured against matrixmultiply in one run
+//!   (`isa_probe`, Intel Xeon, 2 threads, medians of 3): `f64` W4 forward 194 -> 128 ms,
+//!   dense forward 160 -> 104 ms, full backward 366 -> 300 ms.
+//! - matrixmultiply's on AVX2, portable and scalar, where it measured faster or could not be
+//!   compared (see each backend's `OWN_GEMM`): "packing" is then a plain row-major copy
+//!   (`mr = 0`) and each product one matrixmultiply call. Our kernel is still instantiated
+//!   and tested on every backend (`tests.rs`), so a backend switches with one constant.
 //!
 //! Blocking: depth in blocks of [`KC`]; for each block the tile's `B` rows are packed into
 //! panels of `NR = GEMM_VECTORS * N` columns (`[panel][k][NR]`, zero padded), then every
 //! `MR x NR` block of `C` is updated by the register kernel ([`kernel`]), the `A` micro-panel
 //! (`KC x MR`) staying in L1 while the `B` panels stream from L2. `MR` and `NR` are the
-//! backend's ([`Lanes::GEMM_ROWS`], [`Lanes::GEMM_VECTORS`]): 8 x 48 for `f32` on AVX-512,
-//! 6 x 16 on AVX2, 6 x 8 on `wide`, 4 x 4 scalar.
+//! backend's ([`Lanes::GEMM_ROWS`], [`Lanes::GEMM_VECTORS`]): 8 x 48 for `f32` on AVX-512
+//! (8 x 24 for `f64`), 6 x 16 on AVX2, 6 x 8 on `wide`, 4 x 4 scalar.
 //!
 //! Arithmetic: every `C` element is one chain, `c = bias` (or 0, or `C`), then
 //! `c = mul_add(a[o, r], b[r, q], c)` for `r = 0, 1, .., depth - 1` in order, with the
