@@ -40,6 +40,37 @@ fn values<T: Float>(n: usize, seed: usize) -> Vec<T> {
         .collect()
 }
 
+/// `(rows, depth, len)`: one and several register blocks and depth blocks, ragged edges,
+/// depth 0.
+const SHAPES: &[(usize, usize, usize)] = &[
+    (1, 1, 1),
+    (8, 256, 48),
+    (13, 300, 50),
+    (3, 517, 17),
+    (9, 2, 97),
+    (16, 0, 5),
+    (7, 33, 16),
+];
+
+/// A product's operands: `A`, `B`, a bias and what `C` holds before.
+struct Operands<T> {
+    a: Vec<T>,
+    b: Vec<T>,
+    bias: Vec<T>,
+    before: Vec<T>,
+}
+
+impl<T: Float> Operands<T> {
+    fn new(rows: usize, depth: usize, len: usize) -> Self {
+        Operands {
+            a: values(rows * depth, 37),
+            b: values(depth * len, 53),
+            bias: values(rows, 11),
+            before: values(rows * len, 29),
+        }
+    }
+}
+
 /// Every combination of init, operand form (plain, transposed, packed) and ragged shape.
 fn equals_chain<T: Float, B: Backend>(be: B, fma: fn(T, T, T) -> T) {
     let (mr, _) = block_shape::<T, B>();
@@ -50,19 +81,8 @@ fn equals_chain<T: Float, B: Backend>(be: B, fma: fn(T, T, T) -> T) {
             x * y + c
         }
     };
-    for &(rows, depth, len) in &[
-        (1, 1, 1),
-        (8, 256, 48),
-        (13, 300, 50),
-        (3, 517, 17),
-        (9, 2, 97),
-        (16, 0, 5),
-        (7, 33, 16),
-    ] {
-        let a = values::<T>(rows * depth, 37);
-        let b = values::<T>(depth * len, 53);
-        let bias = values::<T>(rows, 11);
-        let before = values::<T>(rows * len, 29);
+    for &(rows, depth, len) in SHAPES {
+        let Operands { a, b, bias, before } = Operands::new(rows, depth, len);
         // bt[q * depth + r] = b[r * len + q]: B given transposed (rs = 1, cs = depth).
         let mut bt = vec![T::ZERO; depth * len];
         for r in 0..depth {
@@ -157,17 +177,8 @@ per_backend! {
 /// under every `DEFORMCONV_ISA` cap), through the public entry points, against the product in
 /// `f64` within `depth` roundings of the absolute sum.
 fn process_engine_is_close<T: Float>() {
-    for &(rows, depth, len) in &[
-        (1, 1, 1),
-        (13, 300, 50),
-        (9, 2, 97),
-        (16, 0, 5),
-        (7, 33, 16),
-    ] {
-        let a = values::<T>(rows * depth, 37);
-        let b = values::<T>(depth * len, 53);
-        let bias = values::<T>(rows, 11);
-        let before = values::<T>(rows * len, 29);
+    for &(rows, depth, len) in SHAPES {
+        let Operands { a, b, bias, before } = Operands::new(rows, depth, len);
         let packed = PackedA::pack(&a, rows, depth);
         let plain = MatB {
             data: &b,
