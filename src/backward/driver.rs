@@ -7,7 +7,6 @@ use rayon::prelude::*;
 use super::operands::{ImageOut, Needs, Operands, Stats, WeightOut};
 use super::plan::Plan;
 use super::task::Task;
-#[cfg(target_arch = "x86_64")]
 use super::weights::{combine_partials, pack_weight_t, permute_weight, Weights};
 use crate::float::Float;
 use crate::geometry::Geometry;

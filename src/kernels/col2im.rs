@@ -43,7 +43,9 @@ pub(crate) fn scatter<T: Float>(
     gcol: &[T],
     channels: Range<usize>,
 ) {
-    use crate::kernels::lanes::{isa, Isa};
+    use crate::kernels::lanes::isa;
+    #[cfg(target_arch = "x86_64")]
+    use crate::kernels::lanes::Isa;
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.

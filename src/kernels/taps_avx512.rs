@@ -8,7 +8,9 @@
 //! built by the scalar [`Tap::with_rule`] itself. A unit test compares the two on random,
 //! border, far and NaN offsets.
 
+#[cfg(target_arch = "x86_64")]
 use crate::kernels::columns::TapColumns;
+#[cfg(target_arch = "x86_64")]
 use crate::kernels::taps::{PlaneLayout, Tap, TorchvisionRule};
 
 /// One run of consecutive table entries: one tap over consecutive pixels of one image.
