@@ -235,3 +235,29 @@ fn process_engine_is_close_f32() {
 fn process_engine_is_close_f64() {
     process_engine_is_close::<f64>();
 }
+
+/// `PackedA` holds `panel[r * MR + i] = a[p * MR + i, r]` (zero past the last row) whether
+/// `a` is read row-major or as a transposed view, for every panel height the backends use.
+#[test]
+fn packing_a_follows_its_layout_in_both_read_orders() {
+    for mr in [1, 4, 8, 14] {
+        for (rows, depth) in [(1, 1), (5, 3), (8, 17), (19, 6), (33, 40)] {
+            let a: Vec<f32> = (0..rows * depth).map(|i| i as f32 + 1.0).collect();
+            // The transpose of `a`, so that the transposed view reads `a` again.
+            let at: Vec<f32> = (0..rows * depth)
+                .map(|j| a[(j % rows) * depth + j / rows])
+                .collect();
+            for (src, rs, cs) in [(&a, depth, 1), (&at, 1, rows)] {
+                let mut packed = PackedA::empty_for(mr);
+                packed.repack(src, rows, depth, rs, cs);
+                assert_eq!(packed.data.len(), rows.div_ceil(mr) * mr * depth);
+                for (j, &v) in packed.data.iter().enumerate() {
+                    let (p, r, i) = (j / (mr * depth), j % (mr * depth) / mr, j % mr);
+                    let o = p * mr + i;
+                    let want = if o < rows { a[o * depth + r] } else { 0.0 };
+                    assert_eq!(v, want, "mr {mr}, {rows}x{depth}, rs {rs}: element {j}");
+                }
+            }
+        }
+    }
+}
