@@ -7,11 +7,12 @@ layers, through our torch op and torchvision's CPU op, float32.
 
 Part 1, seed 001's network (conv 1->8 3x3 pad 1, max-pool 2, BN, ReLU, offset conv 8->18 3x3 +
 deformable conv 8->16 3x3, max-pool 2, BN, ReLU, linear 576->10), one SGD training step on a
-batch of 64 28x28 images, median over --steps steps after warm-up:
+batch of 64 28x28 images, median over --steps steps (rounded down to rounds of 8) taken in
+alternating rounds, 8 steps of each network per round (torchvision's: 1):
   (a) dense conv 8->16 in place of the deformable layer, no offset branch;
   (b) torchvision.ops.DeformConv2d;
-  (c) deformconv.torch.DeformConv2d;
-  (c') (c) with deformconv._native.use_openmp(True): our kernels on PyTorch's OpenMP threads;
+  (c) deformconv.torch.DeformConv2d (our kernels on PyTorch's OpenMP threads, the default);
+  (c') (c) after deformconv.torch.use_openmp(False): our kernels on deformconv's rayon pool;
   (d) torchvision.ops.DeformConv2d after deformconv.torch.use_for_torchvision();
   (e) the floor: the deformable conv swapped for a dense conv, the offset conv kept (its output
       enters the loss with weight 0, so its forward and backward run).
@@ -20,7 +21,8 @@ and forward + every gradient (autograd, inputs requiring grad), through our torc
 torchvision's; and the numpy API's forward and full backward, to set beside
 `cargo run --release -- bench` (the Python boundary's cost).
 
-Threads: torch.set_num_threads(N) for PyTorch's layers and deformconv.set_num_threads(N) for ours.
+Threads: torch.set_num_threads(N) for PyTorch's layers and our torch op (on PyTorch's OpenMP
+threads), deformconv.set_num_threads(N) for (c') and the numpy API.
 """
 
 import argparse
@@ -32,7 +34,6 @@ import torchvision
 
 import deformconv
 import deformconv.torch as dct
-from deformconv import _native
 
 
 def median_ms(f, repeats, warmup=2):
@@ -86,23 +87,26 @@ class Net(torch.nn.Module):
 
 
 def seed001(steps):
+    """Each network's step timed in rounds that take turns (8 steps of each network per round,
+    1 of torchvision's), so that a machine whose speed drifts moves them all alike."""
     torch.manual_seed(0)
     x = torch.randn(64, 1, 28, 28)
     y = torch.randint(0, 10, (64,))
-    results = {}
     labels = {
         "dense": "(a) dense conv",
         "torchvision": "(b) torchvision DeformConv2d",
         "ours": "(c) deformconv.torch.DeformConv2d",
+        "ours-pool": "(c') (c) on deformconv's own pool",
         "torchvision+ours": "(d) torchvision after use_for_torchvision()",
-        "ours-omp": "(c') (c) on PyTorch's OpenMP threads",
         "floor": "(e) floor: dense conv + offset conv kept",
     }
-    for kind in ("dense", "floor", "ours", "ours-omp", "torchvision+ours", "torchvision"):
-        model = Net("ours" if kind == "ours-omp" else kind)
+    kinds = ("dense", "floor", "ours", "ours-pool", "torchvision+ours", "torchvision")
+    steppers = {}
+    for kind in kinds:
+        model = Net({"ours-pool": "ours"}.get(kind, kind))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-        def step():
+        def step(model=model, opt=opt):
             opt.zero_grad()
             logits, extra = model(x)
             loss = torch.nn.functional.cross_entropy(logits, y)
@@ -111,25 +115,35 @@ def seed001(steps):
             loss.backward()
             opt.step()
 
-        n = steps if kind != "torchvision" else max(5, steps // 8)
-        if kind == "torchvision+ours":
-            with dct.use_for_torchvision():
-                results[kind] = median_ms(step, n, warmup=3)
-        elif kind == "ours-omp":
-            if not _native.use_openmp(True):
-                continue
-            try:
-                results[kind] = median_ms(step, n, warmup=3)
-            finally:
-                _native.use_openmp(False)
-        else:
-            results[kind] = median_ms(step, n, warmup=3)
+        steppers[kind] = step
+
+    def timed(kind, n):
+        """`n` steps of `kind` after 2 untimed ones, in `kind`'s setting."""
+        override = dct.use_for_torchvision() if kind == "torchvision+ours" else None
+        dct.use_openmp(kind != "ours-pool")
+        try:
+            times = []
+            for i in range(n + 2):
+                t = time.perf_counter()
+                steppers[kind]()
+                if i >= 2:
+                    times.append(time.perf_counter() - t)
+            return times
+        finally:
+            dct.use_openmp(True)
+            if override is not None:
+                override.undo()
+
+    times = {kind: [] for kind in kinds}
+    rounds = max(1, steps // 8)
+    for _ in range(rounds):
+        for kind in kinds:
+            times[kind] += timed(kind, 1 if kind == "torchvision" else 8)
+    results = {kind: statistics.median(t) * 1e3 for kind, t in times.items()}
     dense = results["dense"]
-    print(f"seed 001 training step, batch 64 of 28x28, SGD, median of {steps} steps (torchvision: {max(5, steps // 8)})")
+    print(f"seed 001 training step, batch 64 of 28x28, SGD, median of {8 * rounds} steps in {rounds} alternating rounds (torchvision: {rounds})")
     print(f"{'network':48} {'ms/step':>8} {'x dense':>8}")
-    for kind in ("dense", "torchvision", "ours", "ours-omp", "torchvision+ours", "floor"):
-        if kind not in results:
-            continue
+    for kind in ("dense", "torchvision", "ours", "ours-pool", "torchvision+ours", "floor"):
         print(f"{labels[kind]:48} {results[kind]:8.2f} {results[kind] / dense:8.2f}")
     return results
 

@@ -9,9 +9,10 @@ every gradient, with torchvision's semantics, and an exact f64 oracle to test ot
 - `deformconv.torch`: the PyTorch op and ``DeformConv2d`` module, and ``use_for_torchvision()``;
 - `deformconv.layout`: other frameworks' weight, activation and offset layouts.
 
-Threads: the computations run on a rayon pool of their own, not on PyTorch's threads:
+Threads: the numpy API runs on a rayon pool of its own, not on PyTorch's threads:
 ``RAYON_NUM_THREADS`` (read once, at the first call) or one thread per core by default;
-`set_num_threads` replaces it at any time. ``torch.set_num_threads`` does not affect it.
+`set_num_threads` replaces it at any time. The torch ops of `deformconv.torch` run on PyTorch's
+OpenMP threads instead (``torch.set_num_threads``; see `deformconv.torch.use_openmp`).
 """
 
 from . import layout, reference

@@ -15,14 +15,13 @@ The ops are ``torch.ops.deformconv.deform_conv2d`` and ``torch.ops.deformconv.de
 (``ctx.needs_input_grad``): an offset branch that is frozen, or an input that needs no gradient,
 costs nothing.
 
-Threads: our kernels run on deformconv's rayon pool (``RAYON_NUM_THREADS``, else one thread per
-core; `deformconv.set_num_threads` to change it), not on PyTorch's intra-op pool, which
-``torch.set_num_threads`` sets. Set both to the number of cores you want used: the two pools
-take turns (PyTorch's layers, then ours), they do not run at the same time. But libgomp's idle
-threads spin for milliseconds after each PyTorch operator and then compete with ours;
-`use_openmp` (experimental, off by default) runs our kernels on PyTorch's OpenMP threads
-instead, as many as ``torch.get_num_threads()``: seed 001's training step 13.2 ms instead of
-15.7 ms on 2 cores (``benches/torch_bench.py``).
+Threads: this module's ops run our kernels on PyTorch's own OpenMP threads (the libgomp team of
+its operators), as many as ``torch.set_num_threads`` says (`use_openmp`, on from the import). Why: after every parallel PyTorch operator libgomp's idle threads spin for
+milliseconds, and a thread pool of our own would share the cores with them; running on the team
+itself leaves nothing to compete. Seed 001's training step (2 cores, ``benches/torch_bench.py``):
+8.61 ms instead of 10.89 ms on deformconv's own pool, against 5.24 ms for the dense network.
+``use_openmp(False)`` goes back to deformconv's rayon pool (`deformconv.set_num_threads`). Results
+are bitwise the same either way, and for any thread count.
 """
 
 
@@ -78,6 +77,7 @@ def _deform_conv2d_op(
         _np(weight),
         None if bias is None else _np(bias),
         (*params, convention),
+        openmp=_openmp,
     )
     return torch.from_numpy(out)
 
@@ -111,6 +111,7 @@ def _deform_conv2d_backward_op(
         _np(weight),
         (*params, convention),
         tuple(needs),
+        openmp=_openmp,
     )
     return tuple(input.new_empty(0) if g is None else torch.from_numpy(g) for g in grads)
 
@@ -265,12 +266,22 @@ class DeformConv2d(nn.Module):
         return s
 
 
+_openmp = False
+
+
 def use_openmp(on: bool = True) -> bool:
-    """Runs deformconv's kernels on the OpenMP threads PyTorch uses (its libgomp team, as many
-    as ``torch.get_num_threads()``) instead of deformconv's own rayon pool, so that the two do
-    not compete for the cores; ``use_openmp(False)`` goes back. Results are bitwise the same.
-    Returns whether it is on (never without a libgomp in the process)."""
-    return _native.use_openmp(bool(on))
+    """Runs this module's computations on the OpenMP threads PyTorch uses (its libgomp team, as
+    many as ``torch.get_num_threads()``) instead of deformconv's own rayon pool, so that the two
+    do not compete for the cores. On from the import of this module; ``use_openmp(False)`` goes
+    back to the rayon pool (`deformconv.set_num_threads`). Results are bitwise the same. Returns
+    whether it is on (never without a libgomp in the process). The numpy API always runs on
+    the rayon pool."""
+    global _openmp
+    _openmp = bool(on) and _native.openmp_threads() is not None
+    return _openmp
+
+
+use_openmp(True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +303,7 @@ def _tv_forward(input, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, group
         _np(weight),
         _np(bias),
         _tv_params(sh, sw, ph, pw, dh, dw, groups, og),
+        openmp=_openmp,
     )
     return torch.from_numpy(out)
 
@@ -307,6 +319,7 @@ def _tv_backward(grad, input, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw
         _np(weight),
         _tv_params(sh, sw, ph, pw, dh, dw, groups, og),
         (True, True, bool(use_mask), True, True),
+        openmp=_openmp,
     )
     t = torch.from_numpy
     grad_mask = t(gm) if use_mask else torch.zeros_like(mask)

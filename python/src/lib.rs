@@ -9,7 +9,7 @@
 
 mod omp;
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use deformconv::compare::{
     compare_tensor, error_scales_for, exact_result, Operands, Options, Oracle, Output, Precision,
@@ -46,16 +46,41 @@ fn pool() -> Option<Arc<rayon::ThreadPool>> {
     POOL.read().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
-/// Runs `f` without the GIL: on the OpenMP threads when [`use_openmp`] is on, else in the
-/// module's pool.
-fn compute<R: Send>(py: Python<'_>, f: impl FnOnce() -> R + Send) -> R {
+/// A pool of one thread, for OpenMP hosting with a team of one (`torch.set_num_threads(1)`).
+fn single_thread() -> Option<&'static rayon::ThreadPool> {
+    static ONE: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    ONE.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .thread_name(|_| "deformconv-single".into())
+            .build()
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Runs `f` without the GIL: with `openmp`, on the OpenMP threads (on one thread when the team
+/// has one; see [`omp`]), else in the module's pool.
+fn compute<R: Send>(py: Python<'_>, openmp: bool, f: impl FnOnce() -> R + Send) -> R {
     let pool = pool();
-    py.detach(move || match omp::run(f) {
-        Ok(r) => r,
-        Err(f) => match pool {
+    py.detach(move || {
+        let f = if openmp {
+            match omp::run(f) {
+                Ok(r) => return r,
+                Err(f) => f,
+            }
+        } else {
+            f
+        };
+        let one = if openmp && omp::threads() == Some(1) {
+            single_thread()
+        } else {
+            None
+        };
+        match one.or(pool.as_deref()) {
             Some(p) => p.install(f),
             None => f(),
-        },
+        }
     })
 }
 
@@ -223,10 +248,15 @@ impl<T: Float> Views<'_, T> {
 // Fast path
 // ---------------------------------------------------------------------------------------------
 
-fn fast_forward<T: Elem>(py: Python<'_>, a: &Args<'_, '_>, p: &ConvParams) -> PyResult<Py<PyAny>> {
+fn fast_forward<T: Elem>(
+    py: Python<'_>,
+    a: &Args<'_, '_>,
+    p: &ConvParams,
+    openmp: bool,
+) -> PyResult<Py<PyAny>> {
     let ops = Borrowed::<T>::new(a)?;
     let v = ops.views();
-    let r = compute(py, || match v.offset {
+    let r = compute(py, openmp, || match v.offset {
         Some(off) => deformconv::deform_conv2d(v.input, off, v.mask, v.weight, v.bias, p),
         None => deformconv::conv2d(v.input, v.weight, v.bias, p),
     })
@@ -236,7 +266,8 @@ fn fast_forward<T: Elem>(py: Python<'_>, a: &Args<'_, '_>, p: &ConvParams) -> Py
 
 /// Deformable convolution, forward (`deformconv::deform_conv2d`).
 #[pyfunction]
-#[pyo3(signature = (input, offset, mask, weight, bias, params))]
+#[pyo3(signature = (input, offset, mask, weight, bias, params, openmp = false))]
+#[allow(clippy::too_many_arguments)]
 fn deform_conv2d(
     py: Python<'_>,
     input: &Bound<'_, PyAny>,
@@ -245,6 +276,7 @@ fn deform_conv2d(
     weight: &Bound<'_, PyAny>,
     bias: Option<&Bound<'_, PyAny>>,
     params: Params,
+    openmp: bool,
 ) -> PyResult<Py<PyAny>> {
     let p = params.get()?;
     let a = Args {
@@ -255,7 +287,7 @@ fn deform_conv2d(
         weight,
         bias,
     };
-    by_dtype!(input, fast_forward(py, &a, &p))
+    by_dtype!(input, fast_forward(py, &a, &p, openmp))
 }
 
 /// Dense convolution, forward (`deformconv::conv2d`).
@@ -277,7 +309,7 @@ fn conv2d(
         weight,
         bias,
     };
-    by_dtype!(input, fast_forward(py, &a, &p))
+    by_dtype!(input, fast_forward(py, &a, &p, false))
 }
 
 /// `(input, offset, mask, weight, bias)` flags.
@@ -321,11 +353,12 @@ fn fast_backward<T: Elem>(
     a: &Args<'_, '_>,
     p: &ConvParams,
     needs: Needs,
+    openmp: bool,
 ) -> PyResult<GradTuple> {
     let ops = Borrowed::<T>::new(a)?;
     let v = ops.views();
     let want = want(needs, v.offset.is_none());
-    let r = compute(py, || {
+    let r = compute(py, openmp, || {
         let g = v.grad_out()?;
         match v.offset {
             Some(off) => {
@@ -348,7 +381,7 @@ fn fast_backward<T: Elem>(
 /// The gradients selected by `needs` (`(input, offset, mask, weight, bias)`), the others
 /// `None`; dense when `offset` is `None` (then no offset or mask gradient).
 #[pyfunction]
-#[pyo3(signature = (grad_out, input, offset, mask, weight, params, needs))]
+#[pyo3(signature = (grad_out, input, offset, mask, weight, params, needs, openmp = false))]
 #[allow(clippy::too_many_arguments)]
 fn backward(
     py: Python<'_>,
@@ -359,6 +392,7 @@ fn backward(
     weight: &Bound<'_, PyAny>,
     params: Params,
     needs: Needs,
+    openmp: bool,
 ) -> PyResult<GradTuple> {
     let p = params.get()?;
     let a = Args {
@@ -369,7 +403,7 @@ fn backward(
         weight,
         bias: None,
     };
-    by_dtype!(input, fast_backward(py, &a, &p, needs))
+    by_dtype!(input, fast_backward(py, &a, &p, needs, openmp))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -394,7 +428,7 @@ fn dense_offset<T: Float>(
 fn ref_fwd<T: Elem>(py: Python<'_>, a: &Args<'_, '_>, p: &ConvParams) -> PyResult<Py<PyAny>> {
     let ops = Borrowed::<T>::new(a)?;
     let v = ops.views();
-    let r = compute(py, || match v.offset {
+    let r = compute(py, false, || match v.offset {
         Some(off) => reference::deform_conv2d(v.input, off, v.mask, v.weight, v.bias, p),
         None => reference::conv2d(v.input, v.weight, v.bias, p),
     })
@@ -485,7 +519,7 @@ fn ref_bwd<T: Elem>(
     let ops = Borrowed::<T>::new(a)?;
     let v = ops.views();
     let want = want(needs, v.offset.is_none());
-    let r = compute(py, || ref_grads(&v, p, want)).map_err(value_error)?;
+    let r = compute(py, false, || ref_grads(&v, p, want)).map_err(value_error)?;
     Ok(grad_tuple(py, r))
 }
 
@@ -595,7 +629,7 @@ fn compare<'py>(
     };
     let actual_views: Vec<_> = actual.iter().map(|(_, a, _)| a.as_array()).collect();
     let expected_views: Vec<_> = expected.iter().map(|(_, a)| a.as_array()).collect();
-    let report = compute(py, || -> deformconv::Result<Report> {
+    let report = compute(py, false, || -> deformconv::Result<Report> {
         let needs_grads = outputs.iter().any(|o| *o != Output::Out);
         if needs_grads && go.is_none() {
             return Err(deformconv::Error::Param {
@@ -943,28 +977,24 @@ fn set_num_threads(n: usize) -> PyResult<()> {
 /// The number of threads computations run on.
 #[pyfunction]
 fn get_num_threads() -> usize {
-    if let Some(n) = omp::threads() {
-        return n;
-    }
     match pool() {
         Some(p) => p.current_num_threads(),
         None => rayon::current_num_threads(),
     }
 }
 
-/// Runs the computations on the process's OpenMP threads (those of the libgomp PyTorch loads,
-/// as many as `omp_get_max_threads()`, which `torch.set_num_threads` sets) instead of on
-/// deformconv's own pool, so that the two do not compete for the cores; `False` turns it off.
-/// Returns whether it is on (never when no libgomp is loaded).
+/// The number of threads a call with `openmp=True` runs on: the OpenMP team of the libgomp
+/// PyTorch loads (`omp_get_max_threads()`, which `torch.set_num_threads` sets); `None` when no
+/// libgomp is loaded (the call then runs on deformconv's pool).
 #[pyfunction]
-fn use_openmp(on: bool) -> bool {
-    omp::set_enabled(on)
+fn openmp_threads() -> Option<usize> {
+    omp::threads()
 }
 
 /// Frees the scratch the kernels keep between calls (up to 32 MiB per thread).
 #[pyfunction]
 fn release_cached_scratch(py: Python<'_>) {
-    compute(py, deformconv::release_cached_scratch);
+    compute(py, false, deformconv::release_cached_scratch);
 }
 
 /// The native extension of the `deformconv` Python package.
@@ -984,7 +1014,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(release_cached_scratch, m)?)?;
-    m.add_function(wrap_pyfunction!(use_openmp, m)?)?;
+    m.add_function(wrap_pyfunction!(openmp_threads, m)?)?;
     m.add(
         "DEFAULT_BOUND_FACTOR",
         deformconv::compare::DEFAULT_BOUND_FACTOR,

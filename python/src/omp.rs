@@ -15,7 +15,6 @@
 
 use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rayon::{ThreadBuilder, ThreadPool, ThreadPoolBuilder};
@@ -33,7 +32,6 @@ struct Omp {
 }
 
 static OMP: OnceLock<Omp> = OnceLock::new();
-static ENABLED: AtomicBool = AtomicBool::new(false);
 
 fn symbol(name: &CStr) -> Option<*mut c_void> {
     // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name only looks the name up in
@@ -60,22 +58,20 @@ fn resolve() -> Option<Omp> {
     }
 }
 
-/// Turns the OpenMP hosting on (if a libgomp is loaded) or off; returns whether it is on.
-pub fn set_enabled(on: bool) -> bool {
-    let available = on && (OMP.get().is_some() || resolve().map(|o| OMP.set(o)).is_some());
-    ENABLED.store(available, Ordering::Relaxed);
-    available
+/// Whether a libgomp is loaded (looked up until one is), so that [`run`] can host.
+pub fn available() -> bool {
+    if OMP.get().is_none() {
+        if let Some(omp) = resolve() {
+            let _ = OMP.set(omp);
+        }
+    }
+    OMP.get().is_some()
 }
 
-/// Whether computations run on the OpenMP threads.
-pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed) && OMP.get().is_some()
-}
-
-/// The OpenMP team size a computation would use (`omp_get_max_threads`, which
-/// `torch.set_num_threads` sets), if hosting is on.
+/// The OpenMP team size [`run`] uses (`omp_get_max_threads`, which `torch.set_num_threads`
+/// sets), if a libgomp is loaded.
 pub fn threads() -> Option<usize> {
-    if !enabled() {
+    if !available() {
         return None;
     }
     let omp = OMP.get()?;
@@ -107,8 +103,8 @@ unsafe extern "C" fn region(data: *mut c_void) {
     }
 }
 
-/// Runs `f` in a rayon pool whose workers are the threads of an OpenMP team, when hosting is on,
-/// there are at least two threads and we are not already inside an OpenMP region; `None` (and
+/// Runs `f` in a rayon pool whose workers are the threads of an OpenMP team, when a libgomp is
+/// loaded, there are at least two threads and we are not already inside an OpenMP region; `None` (and
 /// `f` untouched) otherwise.
 pub fn run<R: Send, F: FnOnce() -> R + Send>(f: F) -> Result<R, F> {
     let (Some(omp), Some(n)) = (OMP.get(), threads()) else {

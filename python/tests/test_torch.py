@@ -143,9 +143,9 @@ def test_the_backward_computes_only_what_autograd_needs(monkeypatch):
     calls = []
     real = dct._native.backward
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(args[-1])
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(dct._native, "backward", spy)
     x, off, weight, mask, bias, kw = make(CONFIGS[0], torch.float32)
@@ -281,20 +281,58 @@ def test_torch_errors_carry_the_crates_message():
 
 
 def test_openmp_hosting_gives_the_same_bits_and_errors():
-    """`_native.use_openmp(True)` runs the kernels on PyTorch's OpenMP threads (libgomp is loaded
-    with torch): same results, same errors, and back to deformconv's pool when turned off."""
+    """From its import, `deformconv.torch` runs the kernels on PyTorch's OpenMP threads (libgomp
+    is loaded with torch), sized by ``torch.set_num_threads``: the same bits as deformconv's own
+    pool, forward and every gradient, for 1 and 2 threads and from several Python threads at
+    once; the same errors; ``use_openmp(False)`` goes back to the pool. The numpy API's thread
+    count stays deformconv's."""
+    import threading
+
     from deformconv import _native
 
     x, off, weight, mask, bias, kw = make(CONFIGS[0], torch.float32)
-    want = dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+    leaves = [t.requires_grad_() for t in (x, off, weight, mask, bias)]
+
+    def forward_and_grads():
+        for t in leaves:
+            t.grad = None
+        out = dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+        out.backward(torch.cos(torch.arange(out.numel(), dtype=out.dtype)).reshape(out.shape))
+        return [out.detach()] + [t.grad for t in leaves]
+
+    assert dct.use_openmp(True), "hosting is on after the import where libgomp is loaded"
+    torch_threads = torch.get_num_threads()
     try:
-        assert dct.use_openmp(), "libgomp not found in a process that imported torch"
-        assert deformconv.get_num_threads() == torch.get_num_threads()
-        got = dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
-        assert torch.equal(got, want)
+        assert not dct.use_openmp(False)
+        assert deformconv.get_num_threads() == 2
+        want = forward_and_grads()
+        assert dct.use_openmp()
+        for n in (2, 1):
+            torch.set_num_threads(n)
+            assert _native.openmp_threads() == n
+            assert deformconv.get_num_threads() == 2
+            got = forward_and_grads()
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+        torch.set_num_threads(2)
+        # Several Python threads at once (the GIL is released while computing): forwards only,
+        # since the autograd leaves are shared.
+        with torch.no_grad():
+            outs = [None] * 3
+
+            def fwd(i):
+                outs[i] = dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+
+            threads = [threading.Thread(target=fwd, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        for o in outs:
+            assert torch.equal(o, want[0])
         with pytest.raises(ValueError, match="offset has 10 channels"):
             dct.deform_conv2d(x, off[:, :10], weight, bias, mask=mask, **kw)
     finally:
-        assert not dct.use_openmp(False)
+        torch.set_num_threads(torch_threads)
+        assert dct.use_openmp(True)
     assert deformconv.get_num_threads() == 2
-    assert not _native.use_openmp(False)
