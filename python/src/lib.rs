@@ -991,10 +991,14 @@ fn openmp_threads() -> Option<usize> {
     omp::threads()
 }
 
-/// Frees the scratch the kernels keep between calls (up to 32 MiB per thread).
+/// Frees the scratch the kernels keep between calls (up to 32 MiB per thread): on deformconv's
+/// pool, and on the OpenMP team the torch ops run on when a libgomp is loaded.
 #[pyfunction]
 fn release_cached_scratch(py: Python<'_>) {
     compute(py, false, deformconv::release_cached_scratch);
+    if omp::available() {
+        compute(py, true, deformconv::release_cached_scratch);
+    }
 }
 
 /// The native extension of the `deformconv` Python package.
