@@ -3,7 +3,7 @@
 layers, through our torch op and torchvision's CPU op, float32.
 
     bash python/ci.sh                  # or any install of the package (python/README.md)
-    python3 benches/torch_bench.py [--threads 2] [--steps 40] [--repeats 20] [--skip-torchvision-layers]
+    python3 benches/torch_bench.py [--threads 2] [--steps 80] [--repeats 20] [--skip-torchvision-layers]
 
 Part 1, seed 001's network (conv 1->8 3x3 pad 1, max-pool 2, BN, ReLU, offset conv 8->18 3x3 +
 deformable conv 8->16 3x3, max-pool 2, BN, ReLU, linear 576->10), one SGD training step on a
@@ -231,7 +231,7 @@ def layers(repeats, skip_torchvision):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--skip-torchvision-layers", action="store_true")
     args = ap.parse_args()
