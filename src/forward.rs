@@ -31,7 +31,6 @@
 
 use ndarray::{Array4, ArrayView1, ArrayView4, ArrayViewMut4, CowArray, Ix1, Ix4};
 use rayon::prelude::*;
-use std::any::TypeId;
 
 use crate::convention::Convention;
 use crate::error::{Error, Result};
@@ -203,19 +202,17 @@ fn run<T: Float>(
     // changes no bits on that path (the gather is per element and the AVX-512 GEMM's sums do
     // not depend on the tiling). Other paths run the whole batch as one chunk.
     let per_chunk = PixelMajor::images_per_chunk(geo.c_in, geo.h * geo.w);
-    let channel_gather = src.offset.is_some()
-        && TypeId::of::<T>() == TypeId::of::<f32>()
-        && isa() == Isa::Avx512
-        && per_chunk > 0;
-    let chunk_images = if channel_gather { per_chunk } else { geo.n };
+    let channel_gather_input = T::as_f32(src.input)
+        .filter(|_| src.offset.is_some() && isa() == Isa::Avx512 && per_chunk > 0);
+    let chunk_images = if channel_gather_input.is_some() {
+        per_chunk
+    } else {
+        geo.n
+    };
     let mut pixel_major = PixelMajor::default();
     for first_image in (0..geo.n).step_by(chunk_images) {
         let images_end = geo.n.min(first_image + chunk_images);
-        let images = if channel_gather {
-            // SAFETY: T is f32 (checked by `channel_gather`), so this is the same memory.
-            let input = unsafe {
-                std::slice::from_raw_parts(src.input.as_ptr() as *const f32, src.input.len())
-            };
+        let images = if let Some(input) = channel_gather_input {
             pixel_major.fill(
                 input,
                 first_image,

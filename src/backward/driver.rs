@@ -85,5 +85,5 @@ pub(super) fn pixel_major_candidate<T: Float>(ops: &Operands<'_, T>) -> bool {
     cfg!(target_arch = "x86_64")
         && (ops.offset.is_some() || ops.mask.is_some())
         && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
-        && std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+        && T::IS_F32
 }

@@ -74,10 +74,8 @@ impl<T: Float> Scope<'_, '_, T> {
             let image = image.slice(ndarray::s![channels.clone(), .., ..]);
             let hw = l.h * l.w;
             // Standard-layout f32 images row by row in 16 x 16 register transposes.
-            let src = image
-                .as_slice()
-                .and_then(crate::kernels::same_type::<T, f32>);
-            let copied = match (src, crate::kernels::same_type_mut::<T, f32>(cells)) {
+            let src = image.as_slice().and_then(T::as_f32);
+            let copied = match (src, T::as_f32_mut(cells)) {
                 (Some(src), Some(dst)) if hw > 0 => {
                     for r in 0..l.h {
                         let row = &mut dst[l.index(r as isize, 0) * cpo..][..l.w * cpo];

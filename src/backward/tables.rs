@@ -67,19 +67,17 @@ impl<T: Float> Scope<'_, '_, T> {
                 }
             }
             debug_assert_eq!(base_y.len(), width);
-            let f32s = |s: &[T]| {
-                debug_assert!(std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>());
-                // SAFETY: direct columns are used only when T is f32 (pixel-major only).
-                unsafe { std::slice::from_raw_parts(s.as_ptr() as *const f32, s.len()) }
-            };
-            // SAFETY: as above, TapColumns<T> is TapColumns<f32>.
-            let cols = unsafe { &mut *(columns as *mut TapColumns<T> as *mut TapColumns<f32>) };
-            cols.resize(k_taps * width);
-            let Some(off) = self.ops.offset.map(f32s) else {
-                debug_assert!(false, "direct columns need offsets");
+            // Direct columns are used only when T is f32 (pixel-major only) and there are
+            // offsets.
+            let (Some(cols), Some(off)) = (
+                T::columns_as_f32_mut(columns),
+                self.ops.offset.and_then(T::as_f32),
+            ) else {
+                debug_assert!(false, "direct columns need f32 offsets");
                 return;
             };
-            let mask = self.ops.mask.map(f32s);
+            cols.resize(k_taps * width);
+            let mask = self.ops.mask.and_then(T::as_f32);
             let oc = 2 * g.offset_groups * k_taps;
             let mc = g.offset_groups * k_taps;
             for k in 0..k_taps {

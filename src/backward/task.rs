@@ -269,25 +269,31 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         #[cfg(target_arch = "x86_64")]
         {
             use crate::kernels::channel_backward::{run, CellShape, Outputs, Planes};
-            use crate::kernels::{same_type, same_type_mut};
             let SampleOut { dy, dx, mask, cols } = out;
             let f32s = (
-                same_type::<T, f32>(input),
-                same_type_mut::<T, f32>(grad),
-                same_type::<T, f32>(gcol),
-                same_type_mut::<T, f32>(dy),
-                same_type_mut::<T, f32>(dx),
-                same_type_mut::<T, f32>(mask),
-                same_type_mut::<T, f32>(cols),
+                T::as_f32(input),
+                T::as_f32_mut(grad),
+                T::as_f32(gcol),
+                T::as_f32_mut(dy),
+                T::as_f32_mut(dx),
+                T::as_f32_mut(mask),
+                T::as_f32_mut(cols),
+                T::columns_as_f32(columns),
             );
-            let (Some(input), Some(grad), Some(gcol), Some(dy), Some(dx), Some(mask), Some(cols)) =
-                f32s
+            let (
+                Some(input),
+                Some(grad),
+                Some(gcol),
+                Some(dy),
+                Some(dx),
+                Some(mask),
+                Some(cols),
+                Some(table),
+            ) = f32s
             else {
                 debug_assert!(false, "the pixel-major pass is f32 only");
                 return;
             };
-            // SAFETY: T is f32 (checked by `same_type`), so the table has the same layout.
-            let table = unsafe { &*(columns as *const TapColumns<T> as *const TapColumns<f32>) };
             let shape = CellShape {
                 channels: self.s.g.c_per_offset_group(),
                 pitch: self.s.layout.pitch(),

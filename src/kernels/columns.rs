@@ -12,8 +12,11 @@ use crate::kernels::taps::Tap;
 pub(crate) const MAX_CELLS: usize = (i32::MAX as usize) / 2;
 
 /// The sampling table `[k][pixel]` as separate columns, for vector loads.
+///
+/// `pub` only so that [`super::backend::Element`] can hand out its `f32` form; this module is
+/// private to the crate.
 #[derive(Debug, Default)]
-pub(crate) struct TapColumns<T> {
+pub struct TapColumns<T> {
     /// Gather base of each tap, as `i32`.
     pub gather: Vec<i32>,
     /// Scatter base of each tap, as `i32`.

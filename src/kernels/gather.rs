@@ -1,8 +1,6 @@
 //! The deformable bilinear gather: sampling positions and weights computed once per
 //! `(tap, pixel)` and reused for every channel of the offset group.
 
-use std::any::TypeId;
-
 use super::backend::{self, Backend, WithBackend};
 use super::channel_gather;
 use super::lanes::{self, TapRow};
@@ -106,8 +104,10 @@ impl<T: Float> SampleTable<T> {
                 .and_then(|v| v.checked_add(k.checked_mul(dil)?))
                 .is_some_and(|v| v < limit && pad < limit)
         };
-        if TypeId::of::<T>() != TypeId::of::<f32>()
-            || lanes::isa() != lanes::Isa::Avx512
+        let Some(offset) = T::as_f32(offset) else {
+            return false;
+        };
+        if lanes::isa() != lanes::Isa::Avx512
             || !reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top)
             || !reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left)
         {
@@ -131,16 +131,7 @@ impl<T: Float> SampleTable<T> {
             }
         }
         self.copy_mask(src, image, og, start, len);
-        // SAFETY: T is f32 (checked above), so these are the same elements retyped.
-        let (offset, weight) = unsafe {
-            (
-                std::slice::from_raw_parts(offset.as_ptr() as *const f32, offset.len()),
-                std::slice::from_raw_parts_mut(
-                    self.weight.as_mut_ptr() as *mut f32,
-                    self.weight.len(),
-                ),
-            )
-        };
+        let weight = T::as_f32_mut(&mut self.weight).expect("T is f32, as its offsets are");
         let [i0, i1, i2, i3] = corners(&mut self.index, entries);
         let [w0, w1, w2, w3] = corners(weight, entries);
         let offset_channels = 2 * g.offset_groups * taps;
@@ -262,8 +253,39 @@ impl<T: Float> SampleTable<T> {
         }
     }
 
+    /// The built table, for reading.
+    fn view(&self) -> TableView<'_, T> {
+        TableView {
+            index: &self.index,
+            weight: &self.weight,
+            mask: &self.mask,
+        }
+    }
+
+    /// The built table as an `f32` table, when `T` is `f32`.
+    fn view_f32(&self) -> Option<TableView<'_, f32>> {
+        Some(TableView {
+            index: &self.index,
+            weight: T::as_f32(&self.weight)?,
+            mask: T::as_f32(&self.mask)?,
+        })
+    }
+}
+
+/// The buffers of a built [`SampleTable`], borrowed.
+#[derive(Clone, Copy)]
+struct TableView<'a, T> {
+    /// Corner offsets, corner-major (see [`SampleTable`]).
+    index: &'a [i32],
+    /// Corner weights, corner-major.
+    weight: &'a [T],
+    /// Mask rows, one per tap (empty without a mask).
+    mask: &'a [T],
+}
+
+impl<'a, T> TableView<'a, T> {
     /// The entries of tap `k` (of a table built for `len` pixels).
-    fn tap_row(&self, k: usize, len: usize, has_mask: bool) -> TapRow<'_, T> {
+    fn tap_row(self, k: usize, len: usize, has_mask: bool) -> TapRow<'a, T> {
         let entries = self.index.len() / 4;
         TapRow {
             index: [0, 1, 2, 3].map(|t| &self.index[t * entries + k * len..][..len]),
@@ -309,7 +331,7 @@ pub(crate) fn gather_columns<T: Float>(
         let chunk_end = c_hi.min((og + 1) * per_og);
         table.build(src, offset, image, og, start, len);
         if let (Some(images), Some(table), Some(cols)) =
-            (images, as_f32(table), as_f32_mut(&mut *cols))
+            (images, table.view_f32(), T::as_f32_mut(&mut *cols))
         {
             for k in 0..taps {
                 let tap = table.tap_row(k, len, src.mask.is_some());
@@ -331,7 +353,7 @@ pub(crate) fn gather_columns<T: Float>(
             continue;
         }
         backend::dispatch(Rows {
-            table,
+            table: table.view(),
             planes: &src.input[(image * g.c_in + c) * plane_len..][..(chunk_end - c) * plane_len],
             channels: chunk_end - c,
             plane_len,
@@ -350,7 +372,7 @@ pub(crate) fn gather_columns<T: Float>(
 /// backend of the call: row `first_row + c * taps + k` of `cols` (stride `ld`) is tap `k` over
 /// plane `c` of `planes`.
 struct Rows<'a, T> {
-    table: &'a SampleTable<T>,
+    table: TableView<'a, T>,
     planes: &'a [T],
     channels: usize,
     plane_len: usize,
@@ -388,22 +410,6 @@ fn corners<U>(v: &mut [U], entries: usize) -> [&mut [U]; 4] {
     let (b, rest) = rest.split_at_mut(entries);
     let (c, rest) = rest.split_at_mut(entries);
     [a, b, c, &mut rest[..entries]]
-}
-
-/// The table as its `f32` self, when `T` is `f32`.
-fn as_f32<T: Float>(table: &SampleTable<T>) -> Option<&SampleTable<f32>> {
-    (TypeId::of::<T>() == TypeId::of::<f32>()).then(|| {
-        // SAFETY: T is f32 (same TypeId), so this is the same value retyped.
-        unsafe { &*(table as *const SampleTable<T> as *const SampleTable<f32>) }
-    })
-}
-
-/// The slice as `f32`, when `T` is `f32`.
-fn as_f32_mut<T: Float>(s: &mut [T]) -> Option<&mut [f32]> {
-    (TypeId::of::<T>() == TypeId::of::<f32>()).then(|| {
-        // SAFETY: T is f32 (same TypeId), so these are the same elements retyped.
-        unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut f32, s.len()) }
-    })
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

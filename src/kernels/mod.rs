@@ -50,7 +50,6 @@ pub(crate) mod transpose;
 
 use crate::convention::Convention;
 use crate::geometry::Geometry;
-use std::any::TypeId;
 
 /// A deterministic stream of `f32` in `[0, 1)` (a 64-bit LCG's top 24 bits), for the
 /// kernels' unit tests.
@@ -63,20 +62,6 @@ pub(crate) fn test_stream(seed: u64) -> impl FnMut() -> f32 {
             .wrapping_add(1442695040888963407);
         ((state >> 40) as f32) / ((1u64 << 24) as f32)
     }
-}
-
-/// `s` as a slice of `U` when `T` is `U` (the fast `f32` kernels inside generic code).
-pub(crate) fn same_type<T: 'static, U: 'static>(s: &[T]) -> Option<&[U]> {
-    // SAFETY: T and U are the same type, so the cast is the identity.
-    (TypeId::of::<T>() == TypeId::of::<U>())
-        .then(|| unsafe { std::slice::from_raw_parts(s.as_ptr() as *const U, s.len()) })
-}
-
-/// `s` as a mutable slice of `U` when `T` is `U`.
-pub(crate) fn same_type_mut<T: 'static, U: 'static>(s: &mut [T]) -> Option<&mut [U]> {
-    // SAFETY: T and U are the same type, so the cast is the identity.
-    (TypeId::of::<T>() == TypeId::of::<U>())
-        .then(|| unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut U, s.len()) })
 }
 
 /// The operands of one convolution as flat standard-layout (C-order) slices.

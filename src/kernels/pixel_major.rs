@@ -145,7 +145,7 @@ pub(crate) fn to_pixel_major(
 ///
 /// # Panics
 /// If `src` or `dst` is too short.
-pub(crate) fn from_pixel_major<T: Copy + 'static>(
+pub(crate) fn from_pixel_major<T: super::backend::Element>(
     src: &[T],
     channels: usize,
     count: usize,
@@ -158,8 +158,7 @@ pub(crate) fn from_pixel_major<T: Copy + 'static>(
     assert!(dst.len() >= (channels - 1) * stride + count && src.len() >= count * channels);
     #[cfg(target_arch = "x86_64")]
     if super::lanes::isa() == super::lanes::Isa::Avx512 {
-        use super::{same_type, same_type_mut};
-        if let (Some(s), Some(d)) = (same_type::<T, f32>(src), same_type_mut::<T, f32>(dst)) {
+        if let (Some(s), Some(d)) = (T::as_f32(src), T::as_f32_mut(dst)) {
             // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
             unsafe { x86::transpose(s, channels, d, stride, count, channels) };
             return;

@@ -35,6 +35,7 @@ pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
 pub(crate) use scalar::Scalar;
 
+use super::columns::TapColumns;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The instruction sets, in increasing order of preference.
@@ -195,17 +196,67 @@ pub trait Lanes<T: Copy + Default, B: Backend>: Copy {
 }
 
 /// An element type with a vector on every backend: `f32` and `f64`.
+///
+/// The `as_f32` family hands generic code its `f32`-only kernels: each returns its argument
+/// unchanged when `Self` is `f32` and `None` when it is `f64` (decided at compile time).
 pub trait Element: Copy + Default + Send + Sync + 'static {
     /// The vector of this type on backend `B`.
     type V<B: Backend>: Lanes<Self, B>;
+    /// Whether this is `f32`.
+    const IS_F32: bool;
+
+    /// `s` as `f32` values, when `Self` is `f32`.
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
+    /// `s` as `f32` values, when `Self` is `f32`.
+    fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]>;
+    /// The table as an `f32` table, when `Self` is `f32`.
+    fn columns_as_f32(c: &TapColumns<Self>) -> Option<&TapColumns<f32>>;
+    /// The table as an `f32` table, when `Self` is `f32`.
+    fn columns_as_f32_mut(c: &mut TapColumns<Self>) -> Option<&mut TapColumns<f32>>;
 }
 
 impl Element for f32 {
     type V<B: Backend> = B::F32;
+    const IS_F32: bool = true;
+
+    #[inline(always)]
+    fn as_f32(s: &[f32]) -> Option<&[f32]> {
+        Some(s)
+    }
+    #[inline(always)]
+    fn as_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
+        Some(s)
+    }
+    #[inline(always)]
+    fn columns_as_f32(c: &TapColumns<f32>) -> Option<&TapColumns<f32>> {
+        Some(c)
+    }
+    #[inline(always)]
+    fn columns_as_f32_mut(c: &mut TapColumns<f32>) -> Option<&mut TapColumns<f32>> {
+        Some(c)
+    }
 }
 
 impl Element for f64 {
     type V<B: Backend> = B::F64;
+    const IS_F32: bool = false;
+
+    #[inline(always)]
+    fn as_f32(_: &[f64]) -> Option<&[f32]> {
+        None
+    }
+    #[inline(always)]
+    fn as_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
+        None
+    }
+    #[inline(always)]
+    fn columns_as_f32(_: &TapColumns<f64>) -> Option<&TapColumns<f32>> {
+        None
+    }
+    #[inline(always)]
+    fn columns_as_f32_mut(_: &mut TapColumns<f64>) -> Option<&mut TapColumns<f32>> {
+        None
+    }
 }
 
 /// A kernel call that is generic over the backend; run it with [`dispatch`].
