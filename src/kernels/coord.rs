@@ -288,7 +288,18 @@ mod tests {
                 let cell = &padded[t.gather..];
                 let v = [cell[0], cell[1], cell[l.pitch()], cell[l.pitch() + 1]];
                 let got = coordinate_weights(t.ly, t.lx, v);
-                let want = sample::tests::coordinate_weights_in(conv, 0, dy, 0, dx, &image, h, w);
+                let want = sample::tests::coordinate_weights_in(
+                    conv,
+                    0,
+                    dy,
+                    0,
+                    dx,
+                    sample::tests::Plane {
+                        values: &image,
+                        h,
+                        w,
+                    },
+                );
                 let same =
                     |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
                 assert!(

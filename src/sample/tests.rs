@@ -24,6 +24,17 @@ pub(crate) fn interpolate<T: Float>(c: &Corners<T>, plane: &[T]) -> T {
     wt[0] * v[0] + wt[1] * v[1] + wt[2] * v[2] + wt[3] * v[3]
 }
 
+/// A row-major `h x w` plane.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plane<'a, T> {
+    /// The `h * w` values.
+    pub values: &'a [T],
+    /// Rows.
+    pub h: usize,
+    /// Columns.
+    pub w: usize,
+}
+
 /// `(Wy, Wx)`: the derivatives of the bilinear value with respect to the sample's row and
 /// column, torchvision's one-sided rule (see the module docs). NaN offsets give NaN; positions
 /// with no corner in the plane (far away or infinite) give 0.
@@ -32,20 +43,18 @@ fn coordinate_weights<T: Float>(
     dy: T,
     base_x: isize,
     dx: T,
-    plane: &[T],
-    h: usize,
-    w: usize,
+    plane: Plane<'_, T>,
 ) -> (T, T) {
     if dy.is_nan() || dx.is_nan() {
         let nan = T::from_f64(f64::NAN);
         return (nan, nan);
     }
-    let c = corners(base_y, dy, base_x, dx, h, w);
+    let c = corners(base_y, dy, base_x, dx, plane.h, plane.w);
     // An infinite offset leaves a NaN fraction (inf - inf) but then no corner is valid.
     if !c.valid.iter().any(|&v| v) {
         return (T::ZERO, T::ZERO);
     }
-    derivatives(&c, plane)
+    derivatives(&c, plane.values)
 }
 
 /// `(Wy, Wx)` on already located corners (invalid corners reading 0).
@@ -65,27 +74,24 @@ fn derivatives<T: Float>(c: &Corners<T>, plane: &[T]) -> (T, T) {
 ///   collapsed corners (so 0 along an axis whose sample sits on the last row/column band).
 ///
 /// NaN offsets give NaN in every convention.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn coordinate_weights_in<T: Float>(
     conv: Convention,
     base_y: isize,
     dy: T,
     base_x: isize,
     dx: T,
-    plane: &[T],
-    h: usize,
-    w: usize,
+    plane: Plane<'_, T>,
 ) -> (T, T) {
     if conv == Convention::Torchvision {
-        return coordinate_weights(base_y, dy, base_x, dx, plane, h, w);
+        return coordinate_weights(base_y, dy, base_x, dx, plane);
     }
-    match locate_in(conv, base_y, dy, base_x, dx, h, w) {
+    match locate_in(conv, base_y, dy, base_x, dx, plane.h, plane.w) {
         Sample::Nan => {
             let nan = T::from_f64(f64::NAN);
             (nan, nan)
         }
         Sample::Outside => (T::ZERO, T::ZERO),
-        Sample::Inside(c) => derivatives(&c, plane),
+        Sample::Inside(c) => derivatives(&c, plane.values),
     }
 }
 
@@ -115,7 +121,17 @@ fn interpolation_of_a_ramp_is_exact() {
         panic!("inside")
     };
     assert!((interpolate(&c, &plane) - 15.0).abs() < 1e-12);
-    let (wy, wx) = coordinate_weights(1, 0.25, 3, -0.5, &plane, 3, 4);
+    let (wy, wx) = coordinate_weights(
+        1,
+        0.25,
+        3,
+        -0.5,
+        Plane {
+            values: &plane,
+            h: 3,
+            w: 4,
+        },
+    );
     assert_eq!((wy, wx), (10.0, 1.0));
 }
 
@@ -225,9 +241,29 @@ fn flat_clamped_form_agrees_with_locate_in() {
 fn coordinate_weight_at_minus_one_is_right_hand() {
     // At py = -1 exactly: y0 = -1 (reads 0), y1 = 0, so Wy = v(0, x).
     let plane = [5.0f64, 7.0];
-    let (wy, _) = coordinate_weights(0, -1.0, 0, 0.0, &plane, 1, 2);
+    let (wy, _) = coordinate_weights(
+        0,
+        -1.0,
+        0,
+        0.0,
+        Plane {
+            values: &plane,
+            h: 1,
+            w: 2,
+        },
+    );
     assert_eq!(wy, 5.0);
-    let far = coordinate_weights(0, f64::NEG_INFINITY, 0, 0.0, &plane, 1, 2);
+    let far = coordinate_weights(
+        0,
+        f64::NEG_INFINITY,
+        0,
+        0.0,
+        Plane {
+            values: &plane,
+            h: 1,
+            w: 2,
+        },
+    );
     assert_eq!(far, (0.0, 0.0));
 }
 
@@ -304,7 +340,18 @@ fn every_convention_follows_the_reference_rule() {
                     }
                     (got, want) => panic!("{at}: located {got:?}, reference {want:?}"),
                 }
-                let (wy, wx) = coordinate_weights_in(conv, by, dy, bx, dx, &plane, h, w);
+                let (wy, wx) = coordinate_weights_in(
+                    conv,
+                    by,
+                    dy,
+                    bx,
+                    dx,
+                    Plane {
+                        values: &plane,
+                        h,
+                        w,
+                    },
+                );
                 let (gy, gx) = reference::coordinate_weights(conv, &input.view(), 0, 0, ry, rx);
                 assert!(
                     close(wy, gy) && close(wx, gx),
@@ -329,8 +376,29 @@ fn torchvision_convention_is_the_default_path() {
                 locate(0, py, 0, px, 3, 4)
             );
             assert_eq!(
-                coordinate_weights_in(conv, 0, py, 0, px, &plane, 3, 4),
-                coordinate_weights(0, py, 0, px, &plane, 3, 4)
+                coordinate_weights_in(
+                    conv,
+                    0,
+                    py,
+                    0,
+                    px,
+                    Plane {
+                        values: &plane,
+                        h: 3,
+                        w: 4
+                    }
+                ),
+                coordinate_weights(
+                    0,
+                    py,
+                    0,
+                    px,
+                    Plane {
+                        values: &plane,
+                        h: 3,
+                        w: 4
+                    }
+                )
             );
         }
     }
@@ -346,8 +414,20 @@ fn dcn_v1_collapses_the_last_row_and_column() {
     assert_eq!((c.y0, c.x0, c.ly, c.lx), (1, 2, 0.0, 0.0));
     assert_eq!(c.index, [5, 5, 5, 5]);
     assert_eq!(interpolate(&c, &plane), 6.0);
-    let cw =
-        |dy: f64, dx: f64| coordinate_weights_in(Convention::DcnV1, 0, dy, 0, dx, &plane, 2, 3);
+    let cw = |dy: f64, dx: f64| {
+        coordinate_weights_in(
+            Convention::DcnV1,
+            0,
+            dy,
+            0,
+            dx,
+            Plane {
+                values: &plane,
+                h: 2,
+                w: 3,
+            },
+        )
+    };
     assert_eq!(cw(1.5, 2.25), (0.0, 0.0));
     // (0, 0.5): Wy = v(1,·) - v(0,·) = 3, Wx = v(0,1) - v(0,0) = 1.
     assert_eq!(cw(0.0, 0.5), (3.0, 1.0));
@@ -373,7 +453,18 @@ fn non_finite_offsets_in_every_convention() {
     let plane = [1.0f64, 2.0, 3.0, 4.0];
     for conv in Convention::ALL {
         assert_eq!(locate_in(conv, 0, f64::NAN, 0, 0.0, 2, 2), Sample::Nan);
-        let (wy, wx) = coordinate_weights_in(conv, 0, 0.0, 0, f64::NAN, &plane, 2, 2);
+        let (wy, wx) = coordinate_weights_in(
+            conv,
+            0,
+            0.0,
+            0,
+            f64::NAN,
+            Plane {
+                values: &plane,
+                h: 2,
+                w: 2,
+            },
+        );
         assert!(wy.is_nan() && wx.is_nan());
         for bad in [f64::INFINITY, f64::NEG_INFINITY, 1e300, -1e300] {
             assert_eq!(locate_in(conv, 0, bad, 0, 0.0, 2, 2), Sample::Outside);
@@ -381,7 +472,18 @@ fn non_finite_offsets_in_every_convention() {
                 locate_in(conv, 0, 0.5, 0, bad as f32, 2, 2),
                 Sample::Outside
             );
-            let cw = coordinate_weights_in(conv, 0, bad, 0, 0.5, &plane, 2, 2);
+            let cw = coordinate_weights_in(
+                conv,
+                0,
+                bad,
+                0,
+                0.5,
+                Plane {
+                    values: &plane,
+                    h: 2,
+                    w: 2,
+                },
+            );
             assert_eq!(cw, (0.0, 0.0), "{conv:?} {bad}");
         }
     }

@@ -43,7 +43,6 @@ fn half_sums(v: __m512) -> (f32, f32) {
 /// # Safety
 /// AVX-512F; the bounds that the parent's `pass` asserts before calling this.
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn pass<
     const SCATTER: bool,
     const OFFSET: bool,
