@@ -37,10 +37,10 @@ use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::{checked_elements, try_zeros, Geometry};
 use crate::kernels::gather::SampleTable;
-use crate::kernels::gemm::{GemmScratch, TileGemm};
+use crate::kernels::gemm::{GemmScratch, MatB, MatC, TileGemm};
 use crate::kernels::lanes::{isa, Isa};
 use crate::kernels::pixel_major::PixelMajor;
-use crate::kernels::{fill_columns, Source};
+use crate::kernels::{fill_columns, Source, TileRows, TileSpan};
 use crate::params::ConvParams;
 use crate::plan;
 
@@ -134,16 +134,26 @@ impl<T> SharedOut<T> {
     }
 }
 
+/// The operands of one forward call, as the caller's views (any strides).
+#[derive(Clone, Copy)]
+struct Operands<'a, T> {
+    /// `[N, C_in, H, W]`.
+    input: ArrayView4<'a, T>,
+    /// `[N, 2 * G_off * K, H_out, W_out]`, or `None` for a dense convolution.
+    offset: Option<ArrayView4<'a, T>>,
+    /// `[N, G_off * K, H_out, W_out]`, or `None` for a unit mask.
+    mask: Option<ArrayView4<'a, T>>,
+    /// `[C_out, C_in/groups, kh, kw]`.
+    weight: ArrayView4<'a, T>,
+    /// `[C_out]`, or `None`.
+    bias: Option<ArrayView1<'a, T>>,
+}
+
 /// The shared driver: validated operands in, every element of `out` overwritten.
-#[allow(clippy::too_many_arguments)]
 fn run<T: Float>(
     geo: &Geometry,
     convention: Convention,
-    input: ArrayView4<'_, T>,
-    offset: Option<ArrayView4<'_, T>>,
-    mask: Option<ArrayView4<'_, T>>,
-    weight: ArrayView4<'_, T>,
-    bias: Option<ArrayView1<'_, T>>,
+    ops: Operands<'_, T>,
     mut out: ArrayViewMut4<'_, T>,
     gemm_only: bool,
 ) -> Result<()> {
@@ -153,20 +163,17 @@ fn run<T: Float>(
     }
     if !out.is_standard_layout() {
         let mut tmp = try_zeros("output", geo.out_shape(), T::ZERO)?;
-        run(
-            geo,
-            convention,
-            input,
-            offset,
-            mask,
-            weight,
-            bias,
-            tmp.view_mut(),
-            gemm_only,
-        )?;
+        run(geo, convention, ops, tmp.view_mut(), gemm_only)?;
         out.assign(&tmp);
         return Ok(());
     }
+    let Operands {
+        input,
+        offset,
+        mask,
+        weight,
+        bias,
+    } = ops;
     let input = standard(input);
     let offset = offset.map(standard);
     let mask = mask.map(standard);
@@ -233,20 +240,24 @@ fn run<T: Float>(
             let single = tile.segments(pixels).nth(1).is_none();
             for group in 0..geo.groups {
                 for seg in tile.segments(pixels).filter(|_| !gemm_only) {
-                    let part = &mut cols[seg.column..];
-                    fill_columns(
-                        &src,
-                        seg.image,
+                    let span = TileSpan {
+                        image: seg.image,
                         group,
-                        seg.start,
-                        seg.len,
-                        part,
+                        start: seg.start,
+                        len: seg.len,
+                    };
+                    let out = TileRows {
+                        cols: &mut cols[seg.column..],
                         ld,
-                        &mut scratch.table,
-                        images,
-                    );
+                    };
+                    fill_columns(&src, span, out, &mut scratch.table, images);
                 }
                 let b = bias.map(|b| &b[group * rows..][..rows]);
+                let tile_cols = MatB {
+                    data: &*cols,
+                    rs: ld,
+                    cs: 1,
+                };
                 if single {
                     let (image, start) = (tile.first / pixels, tile.first % pixels);
                     let first = (image * geo.c_out + group * rows) * pixels + start;
@@ -255,17 +266,11 @@ fn run<T: Float>(
                     // (inside the image) at stride `pixels` lie in `out_slice`, this tile's alone.
                     unsafe {
                         debug_assert!(first + (rows - 1) * pixels + ld <= out_slice_len(geo));
-                        let dst = shared.get().add(first);
-                        engine.multiply_tile(
-                            group,
-                            cols,
-                            ld,
-                            ld,
-                            b,
-                            dst,
-                            pixels,
-                            &mut scratch.gemm,
-                        );
+                        let dst = MatC {
+                            ptr: shared.get().add(first),
+                            rs: pixels,
+                        };
+                        engine.multiply_tile(group, tile_cols, ld, b, dst, &mut scratch.gemm);
                     }
                     continue;
                 }
@@ -275,19 +280,12 @@ fn run<T: Float>(
                     scratch.staging.resize(staging_len, T::ZERO);
                 }
                 let staged = &mut scratch.staging[..rows * ld];
-                // SAFETY: `staged` is rows x ld, owned by this task, disjoint from cols/bias.
-                unsafe {
-                    engine.multiply_tile(
-                        group,
-                        cols,
-                        ld,
-                        ld,
-                        b,
-                        staged.as_mut_ptr(),
-                        ld,
-                        &mut scratch.gemm,
-                    )
+                let dst = MatC {
+                    ptr: staged.as_mut_ptr(),
+                    rs: ld,
                 };
+                // SAFETY: `staged` is rows x ld, owned by this task, disjoint from cols/bias.
+                unsafe { engine.multiply_tile(group, tile_cols, ld, b, dst, &mut scratch.gemm) };
                 for seg in tile.segments(pixels) {
                     for o in 0..rows {
                         let first = (seg.image * geo.c_out + group * rows + o) * pixels + seg.start;
@@ -399,17 +397,14 @@ pub fn deform_conv2d<T: Float>(
     )?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
     let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
-    run(
-        &geo,
-        params.convention,
+    let ops = Operands {
         input,
-        Some(offset),
+        offset: Some(offset),
         mask,
         weight,
         bias,
-        out.view_mut(),
-        false,
-    )?;
+    };
+    run(&geo, params.convention, ops, out.view_mut(), false)?;
     Ok(out)
 }
 
@@ -432,17 +427,14 @@ pub fn deform_conv2d_into<T: Float>(
         bias.as_ref(),
         params,
     )?;
-    run(
-        &geo,
-        params.convention,
+    let ops = Operands {
         input,
-        Some(offset),
+        offset: Some(offset),
         mask,
         weight,
         bias,
-        out,
-        false,
-    )
+    };
+    run(&geo, params.convention, ops, out, false)
 }
 
 /// Dense (strided, dilated, grouped) 2-D cross-correlation, forward:
@@ -465,17 +457,14 @@ pub fn conv2d<T: Float>(
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
     let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
-    run(
-        &geo,
-        params.convention,
+    let ops = Operands {
         input,
-        None,
-        None,
+        offset: None,
+        mask: None,
         weight,
         bias,
-        out.view_mut(),
-        false,
-    )?;
+    };
+    run(&geo, params.convention, ops, out.view_mut(), false)?;
     Ok(out)
 }
 
@@ -515,9 +504,14 @@ fn dense_into<T: Float>(
 ) -> Result<()> {
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
     let convention = params.convention;
-    run(
-        &geo, convention, input, None, None, weight, bias, out, gemm_only,
-    )
+    let ops = Operands {
+        input,
+        offset: None,
+        mask: None,
+        weight,
+        bias,
+    };
+    run(&geo, convention, ops, out, gemm_only)
 }
 
 #[cfg(test)]

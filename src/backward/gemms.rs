@@ -6,7 +6,7 @@ use super::operands::{Scope, Stats, WeightOut};
 use super::plan::{Piece, Segment};
 use super::weights::{Weights, GEMM_COLUMNS};
 use crate::float::Float;
-use crate::kernels::gemm::{multiply, multiply_packed, Init, MatB, PackedA, PackedB};
+use crate::kernels::gemm::{multiply, multiply_packed, Init, MatB, MatC, PackedA, PackedB};
 
 /// A task's GEMM stage: the prepared weight, the packed operands reused across tiles, and
 /// the count of GEMMs run.
@@ -195,26 +195,27 @@ impl<'p, 'a, T: Float> Gemms<'p, 'a, T> {
         if self.s.pixel_major {
             return self.weight_gradient_tap_major(rows, width, gt, cols, part, beta);
         }
+        let c = MatC {
+            ptr: part.as_mut_ptr(),
+            rs: rows,
+        };
         // SAFETY: part is cog x rows row-major, this task's own (asserted above).
-        unsafe { self.weight_gemm(rows, width, gt, cols, part.as_mut_ptr(), rows, beta) }
+        unsafe { self.weight_gemm(rows, width, gt, cols, c, beta) }
     }
 
-    /// `c[o * ldc + r] = beta * c[o * ldc + r] + sum_col gt[o, col] * cols[r, col]`
-    /// (`beta` is 0 or 1).
+    /// `c[o, r] = beta * c[o, r] + sum_col gt[o, col] * cols[r, col]` (`beta` is 0 or 1).
     ///
     /// # Safety
-    /// `c` addresses `C_out/groups` rows of `rows` writable elements at stride `ldc`, owned by
-    /// this task and disjoint from `gt` and `cols`; `gt` holds `C_out/groups x width` and
-    /// `cols` `rows x width` elements.
-    #[allow(clippy::too_many_arguments)]
+    /// `c` addresses `C_out/groups` rows of `rows` writable elements, owned by this task and
+    /// disjoint from `gt` and `cols`; `gt` holds `C_out/groups x width` and `cols`
+    /// `rows x width` elements.
     unsafe fn weight_gemm(
         &mut self,
         rows: usize,
         width: usize,
         gt: &[T],
         cols: &[T],
-        c: *mut T,
-        ldc: usize,
+        c: MatC<T>,
         beta: T,
     ) {
         let cog = self.s.g.c_out_per_group();
@@ -231,8 +232,8 @@ impl<'p, 'a, T: Float> Gemms<'p, 'a, T> {
                 b,
                 rows,
                 Init::beta(beta),
-                c,
-                ldc,
+                c.ptr,
+                c.rs,
                 &mut self.packed_b,
             )
         };
@@ -260,8 +261,14 @@ impl<'p, 'a, T: Float> Gemms<'p, 'a, T> {
         assert!(gt.len() >= cog * width && cols.len() >= rows * width);
         assert!(c0 + (cog - 1) * cink + rows <= out.len);
         // SAFETY: the block of `out` at c0 (cog rows of `rows` at stride cink) lies inside the
-        // buffer (asserted) and is the block of this task's offset group's channels, which no
-        // other task touches (see `WeightOut`).
-        unsafe { self.weight_gemm(rows, width, gt, cols, out.ptr.add(c0), cink, beta) }
+        // buffer (asserted).
+        let block = unsafe { out.ptr.add(c0) };
+        let c = MatC {
+            ptr: block,
+            rs: cink,
+        };
+        // SAFETY: the block lies inside the buffer (above) and holds this task's offset
+        // group's channels, which no other task touches (see `WeightOut`).
+        unsafe { self.weight_gemm(rows, width, gt, cols, c, beta) }
     }
 }

@@ -12,55 +12,77 @@
 //! column tile is bit for bit the one the other gathers make. A corner with no index reads the
 //! image's zero pixel, as the scalar code reads 0.
 
-use super::lanes::TapRow;
+use std::ops::Range;
 
-/// The rows of tap `k` for the channels `channels` of one offset group:
-/// `cols[((c - c_lo) * taps + k) * ld + q] = m * B(channel c, sample (k, q))` for `q < len`.
+use super::lanes::TapRow;
+use super::pixel_major::PixelImage;
+use super::TileRows;
+
+/// The column-tile rows of one tap over a range of channels of one offset group: channel `c`
+/// goes to row `(c - first) * taps + k`.
+#[derive(Debug, Clone)]
+pub(crate) struct ChannelRows {
+    /// The channels to fill (channels of the image).
+    pub channels: Range<usize>,
+    /// The channel of the tile's first rows (the conv group's first channel).
+    pub first: usize,
+    /// Kernel taps per channel, `K`.
+    pub taps: usize,
+    /// The tap, `k < K`.
+    pub k: usize,
+}
+
+impl ChannelRows {
+    /// The row of channel `c`.
+    #[inline(always)]
+    pub(crate) fn row(&self, c: usize) -> usize {
+        (c - self.first) * self.taps + self.k
+    }
+}
+
+/// The rows `rows` of the column tile, for `q < len`:
+/// `out.cols[((c - first) * taps + k) * out.ld + q] = m * B(channel c, sample (k, q))`.
 ///
-/// `image` is the sample's image pixel-major (`(zero_pixel + 1) * c_in` values, channel `c` of
-/// pixel `p` at `p * c_in + c`, pixel `zero_pixel` all zeros), `tap` the sampling table row of
-/// tap `k` (non-negative indices below `zero_pixel`).
-#[allow(clippy::too_many_arguments)]
+/// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k`
+/// (non-negative indices below `image.zero_pixel`).
 pub(crate) fn interpolate_tap(
-    image: &[f32],
-    c_in: usize,
-    zero_pixel: usize,
-    channels: std::ops::Range<usize>,
-    c_lo: usize,
-    taps: usize,
-    k: usize,
+    image: PixelImage<'_>,
+    rows: ChannelRows,
     tap: &TapRow<'_, f32>,
     len: usize,
-    cols: &mut [f32],
-    ld: usize,
+    out: TileRows<'_, f32>,
 ) {
+    let (channels, c_lo) = (&rows.channels, rows.first);
     assert!(
-        image.len() >= (zero_pixel + 1) * c_in && channels.end <= c_in && channels.start >= c_lo,
+        image.values.len() >= (image.zero_pixel + 1) * image.channels
+            && channels.end <= image.channels
+            && channels.start >= c_lo,
         "channel gather outside its image"
     );
     assert!(
         channels.is_empty()
-            || cols.len() >= ((channels.end - 1 - c_lo) * taps + k) * ld + len && len <= ld,
+            || out.cols.len() >= rows.row(channels.end - 1) * out.ld + len && len <= out.ld,
         "channel gather outside its column tile"
     );
     assert!(tap.index.iter().all(|i| i.len() >= len) && tap.weight.iter().all(|w| w.len() >= len));
     assert!(tap.mask.is_none_or(|m| m.len() >= len));
-    debug_assert!(tap
-        .index
+    debug_assert!(tap.index.iter().all(|i| i[..len]
         .iter()
-        .all(|i| i[..len].iter().all(|&v| v < 0 || (v as usize) < zero_pixel)));
+        .all(|&v| v < 0 || (v as usize) < image.zero_pixel)));
     #[cfg(target_arch = "x86_64")]
     if super::lanes::isa() == super::lanes::Isa::Avx512 {
         // SAFETY: AVX-512F was detected; the bounds asserted above are the kernel's contract.
-        unsafe {
-            x86::interpolate_tap(
-                image, c_in, zero_pixel, channels, c_lo, taps, k, tap, len, cols, ld,
-            )
-        };
+        unsafe { x86::interpolate_tap(image, rows, tap, len, out) };
         return;
     }
-    for c in channels {
-        let plane_row = &mut cols[((c - c_lo) * taps + k) * ld..][..len];
+    let PixelImage {
+        values: image,
+        channels: c_in,
+        zero_pixel,
+    } = image;
+    let TileRows { cols, ld } = out;
+    for c in rows.channels.clone() {
+        let plane_row = &mut cols[rows.row(c) * ld..][..len];
         for (q, v) in plane_row.iter_mut().enumerate() {
             let read = |t: usize| {
                 let i = tap.index[t][q];
@@ -81,7 +103,7 @@ pub(crate) fn interpolate_tap(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::TapRow;
+    use super::{ChannelRows, PixelImage, TapRow, TileRows};
     use crate::kernels::transpose::{first_lanes, transpose16};
     use std::arch::x86_64::*;
 
@@ -90,29 +112,30 @@ mod x86 {
     /// # Safety
     /// AVX-512F; the bounds that [`super::interpolate_tap`] asserts.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn interpolate_tap(
-        image: &[f32],
-        c_in: usize,
-        zero_pixel: usize,
-        channels: std::ops::Range<usize>,
-        c_lo: usize,
-        taps: usize,
-        k: usize,
+        image: PixelImage<'_>,
+        rows: ChannelRows,
         tap: &TapRow<'_, f32>,
         len: usize,
-        cols: &mut [f32],
-        ld: usize,
+        out: TileRows<'_, f32>,
     ) {
-        if channels.len() <= 8 {
+        if rows.channels.len() <= 8 {
             // SAFETY: as this function's.
-            unsafe {
-                interpolate_tap_pairs(
-                    image, c_in, zero_pixel, channels, c_lo, taps, k, tap, len, cols, ld,
-                )
-            };
+            unsafe { interpolate_tap_pairs(image, rows, tap, len, out) };
             return;
         }
+        let PixelImage {
+            values: image,
+            channels: c_in,
+            zero_pixel,
+        } = image;
+        let ChannelRows {
+            channels,
+            first: c_lo,
+            taps,
+            k,
+        } = rows;
+        let TileRows { cols, ld } = out;
         let base = image.as_ptr();
         let out = cols.as_mut_ptr();
         // stage[b * 16 + p]: channel block b of pixel p. Each pixel's corner rows are read
@@ -246,20 +269,25 @@ mod x86 {
     /// # Safety
     /// AVX-512F; the bounds that [`super::interpolate_tap`] asserts; `channels.len() <= 8`.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn interpolate_tap_pairs(
-        image: &[f32],
-        c_in: usize,
-        zero_pixel: usize,
-        channels: std::ops::Range<usize>,
-        c_lo: usize,
-        taps: usize,
-        k: usize,
+        image: PixelImage<'_>,
+        rows: ChannelRows,
         tap: &TapRow<'_, f32>,
         len: usize,
-        cols: &mut [f32],
-        ld: usize,
+        out: TileRows<'_, f32>,
     ) {
+        let PixelImage {
+            values: image,
+            channels: c_in,
+            zero_pixel,
+        } = image;
+        let ChannelRows {
+            channels,
+            first: c_lo,
+            taps,
+            k,
+        } = rows;
+        let TileRows { cols, ld } = out;
         let cw = channels.len();
         debug_assert!(cw <= 8);
         if cw == 0 {
@@ -354,6 +382,7 @@ mod tests {
     use crate::kernels::gather::{gather_columns, SampleTable};
     use crate::kernels::pixel_major::PixelMajor;
     use crate::kernels::Source;
+    use crate::kernels::{TileRows, TileSpan};
     use crate::params::ConvParams;
 
     /// The channel gather's column tile equals the per-pixel gather's bit for bit, for channel
@@ -421,23 +450,20 @@ mod tests {
                             let ld = len + 5;
                             let mut table = SampleTable::new();
                             let mut want = vec![f32::NAN; rows * ld];
-                            gather_columns(
-                                &src, &offset, image, group, start, len, &mut want, ld, &mut table,
-                                None,
-                            );
-                            let mut got = vec![f32::NAN; rows * ld];
-                            gather_columns(
-                                &src,
-                                &offset,
+                            let span = TileSpan {
                                 image,
                                 group,
                                 start,
                                 len,
-                                &mut got,
+                            };
+                            let out = TileRows {
+                                cols: &mut want,
                                 ld,
-                                &mut table,
-                                Some(&images),
-                            );
+                            };
+                            gather_columns(&src, &offset, span, out, &mut table, None);
+                            let mut got = vec![f32::NAN; rows * ld];
+                            let out = TileRows { cols: &mut got, ld };
+                            gather_columns(&src, &offset, span, out, &mut table, Some(&images));
                             for r in 0..rows {
                                 for q in 0..len {
                                     assert_eq!(

@@ -2,10 +2,10 @@
 //! `(tap, pixel)` and reused for every channel of the offset group.
 
 use super::backend::{self, Backend, WithBackend};
-use super::channel_gather;
+use super::channel_gather::{self, ChannelRows};
 use super::lanes::{self, TapRow};
 use super::pixel_major::PixelMajor;
-use super::Source;
+use super::{Source, TileRows, TileSpan};
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::sample::{locate_flat, locate_flat_clamped};
@@ -97,6 +97,7 @@ impl<T: Float> SampleTable<T> {
         start: usize,
         len: usize,
     ) -> bool {
+        use super::locate_avx512::{AxisSamples, RowOut};
         let g = src.geo;
         let limit = 1usize << 30;
         let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
@@ -141,7 +142,7 @@ impl<T: Float> SampleTable<T> {
             let dys = &offset[((image * offset_channels + 2 * ch) * pixels + start)..][..len];
             let dxs = &offset[((image * offset_channels + 2 * ch + 1) * pixels + start)..][..len];
             let row = k * len..(k + 1) * len;
-            let out = super::locate_avx512::RowOut {
+            let out = RowOut {
                 index: [
                     &mut i0[row.clone()],
                     &mut i1[row.clone()],
@@ -155,22 +156,21 @@ impl<T: Float> SampleTable<T> {
                     &mut w3[row],
                 ],
             };
+            let y = AxisSamples {
+                base: &self.base_y,
+                tap: (i * g.dil_h) as i32,
+                offset: dys,
+                size: g.h,
+            };
+            let x = AxisSamples {
+                base: &self.base_x,
+                tap: (j * g.dil_w) as i32,
+                offset: dxs,
+                size: g.w,
+            };
             // SAFETY: AVX-512F detected; every slice holds `len` values; bases plus tap
             // offsets stay below 2^30 (checked above) and H * W <= i32::MAX (caller).
-            unsafe {
-                super::locate_avx512::locate_row(
-                    &self.base_y,
-                    (i * g.dil_h) as i32,
-                    dys,
-                    &self.base_x,
-                    (j * g.dil_w) as i32,
-                    dxs,
-                    g.h,
-                    g.w,
-                    len,
-                    out,
-                )
-            };
+            unsafe { super::locate_avx512::locate_row(y, x, len, out) };
         }
         true
     }
@@ -295,28 +295,30 @@ impl<'a, T> TableView<'a, T> {
     }
 }
 
-/// Fills the deformable column tile of `(image, group, start .. start + len)`:
+/// Fills the deformable column tile of `span` (`(image, group, start .. start + len)`):
 /// `cols[(c' * K + k) * len + q] = m * B(input[n, c], py, px)` (see `kernels` for the layout),
 /// building one [`SampleTable`] per offset group that meets the conv group.
 ///
-/// Row `r` of the tile goes to `cols[r * ld ..][..len]`. The caller guarantees
+/// Row `r` of the tile goes to `out.cols[r * out.ld ..][..len]`. The caller guarantees
 /// `H * W <= i32::MAX`, `ld >= len` and `cols.len() >= (C_in/groups * K - 1) * ld + len`.
 ///
 /// With `images` (`f32` only: the batch's images pixel-major, holding `image`) the samples
 /// are interpolated 16 channels at a time ([`super::channel_gather`]), with the same bits.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
-    image: usize,
-    group: usize,
-    start: usize,
-    len: usize,
-    cols: &mut [T],
-    ld: usize,
+    span: TileSpan,
+    out: TileRows<'_, T>,
     table: &mut SampleTable<T>,
     images: Option<&PixelMajor>,
 ) {
+    let TileSpan {
+        image,
+        group,
+        start,
+        len,
+    } = span;
+    let TileRows { cols, ld } = out;
     let g = src.geo;
     let taps = g.taps();
     let cg = g.c_in_per_group();
@@ -335,19 +337,17 @@ pub(crate) fn gather_columns<T: Float>(
         {
             for k in 0..taps {
                 let tap = table.tap_row(k, len, src.mask.is_some());
-                channel_gather::interpolate_tap(
-                    images.image(image),
-                    g.c_in,
-                    plane_len,
-                    c..chunk_end,
-                    c_lo,
+                let rows = ChannelRows {
+                    channels: c..chunk_end,
+                    first: c_lo,
                     taps,
                     k,
-                    &tap,
-                    len,
-                    cols,
+                };
+                let out = TileRows {
+                    cols: &mut *cols,
                     ld,
-                );
+                };
+                channel_gather::interpolate_tap(images.image(image), rows, &tap, len, out);
             }
             c = chunk_end;
             continue;

@@ -1,6 +1,6 @@
 //! Dense (strided, dilated, grouped) im2col: no bilinear work, one copy per sample.
 
-use super::Source;
+use super::{Source, TileRows, TileSpan};
 use crate::float::Float;
 
 /// The half-open range of output columns `x` whose tap column `s = x * stride - pad + off` lies
@@ -30,19 +30,18 @@ fn valid_columns(
     (lo, hi)
 }
 
-/// Fills the dense column tile of `(image, group, start .. start + len)`:
+/// Fills the dense column tile of `span` (`(image, group, start .. start + len)`):
 /// `cols[(c' * K + k) * len + q] = input[n, c, y * sh - pad_top + i * dh, x * sw - pad_left + j * dw]`
 /// (0 in the padding), for the pixel `start + q = y * W_out + x`, row `r = c' * K + k` at
-/// `cols[r * ld ..][..len]` (`ld >= len`).
-pub(crate) fn im2col_columns<T: Float>(
-    src: &Source<'_, T>,
-    image: usize,
-    group: usize,
-    start: usize,
-    len: usize,
-    cols: &mut [T],
-    ld: usize,
-) {
+/// `out.cols[r * out.ld ..][..len]` (`out.ld >= len`).
+pub(crate) fn im2col_columns<T: Float>(src: &Source<'_, T>, span: TileSpan, out: TileRows<'_, T>) {
+    let TileSpan {
+        image,
+        group,
+        start,
+        len,
+    } = span;
+    let TileRows { cols, ld } = out;
     let g = src.geo;
     let (h, w, taps) = (g.h, g.w, g.taps());
     let cg = g.c_in_per_group();

@@ -17,26 +17,45 @@ pub(crate) struct RowOut<'a> {
     pub weight: [&'a mut [f32]; 4],
 }
 
-/// Fills `out` for the samples `(base_y[q] + tap_y + dy[q], base_x[q] + tap_x + dx[q])`,
-/// `q < len`, in an `h x w` plane, as [`locate_flat`] does.
+/// One axis of a row of samples: sample `q` sits at `base[q] + tap + offset[q]` on an axis of
+/// `size` pixels.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AxisSamples<'a> {
+    /// The undeformed position of each pixel's kernel origin.
+    pub base: &'a [i32],
+    /// The tap's displacement from the origin (`i * dil` or `j * dil`).
+    pub tap: i32,
+    /// The learned offset of each sample.
+    pub offset: &'a [f32],
+    /// The plane's extent along the axis (`H` or `W`).
+    pub size: usize,
+}
+
+/// Fills `out` for the samples `(y.base[q] + y.tap + y.offset[q], x.base[q] + x.tap +
+/// x.offset[q])`, `q < len`, in a `y.size x x.size` plane, as [`locate_flat`] does.
 ///
 /// # Safety
-/// AVX-512F. Every slice holds at least `len` values; `|base_y + tap_y|, |base_x + tap_x| <
-/// 2^30` and `h * w <= i32::MAX` (so the corner offsets and `base + floor(d)` fit `i32`).
+/// AVX-512F. Every slice holds at least `len` values; `|base + tap| < 2^30` on both axes and
+/// `y.size * x.size <= i32::MAX` (so the corner offsets and `base + floor(d)` fit `i32`).
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn locate_row(
-    base_y: &[i32],
-    tap_y: i32,
-    dy: &[f32],
-    base_x: &[i32],
-    tap_x: i32,
-    dx: &[f32],
-    h: usize,
-    w: usize,
+    y: AxisSamples<'_>,
+    x: AxisSamples<'_>,
     len: usize,
     out: RowOut<'_>,
 ) {
+    let AxisSamples {
+        base: base_y,
+        tap: tap_y,
+        offset: dy,
+        size: h,
+    } = y;
+    let AxisSamples {
+        base: base_x,
+        tap: tap_x,
+        offset: dx,
+        size: w,
+    } = x;
     debug_assert!(base_y.len() >= len && base_x.len() >= len && dy.len() >= len && dx.len() >= len);
     debug_assert!(
         out.index.iter().all(|s| s.len() >= len) && out.weight.iter().all(|s| s.len() >= len)

@@ -80,29 +80,44 @@ pub(crate) struct Source<'a, T> {
     pub mask: Option<&'a [T]>,
 }
 
-/// Fills the column tile of `(image, group, start .. start + len)` into `cols`, row `r` at
-/// `cols[r * ld ..][..len]` (`ld >= len`; see the module docs for the layout, which is the
-/// case `ld = len`), by the deformable gather when `src` has offsets and by the dense im2col
-/// otherwise. A forward tile spanning several images fills one such block per image, side by
-/// side in a buffer of row stride `ld`. `images` (deformable `f32` only) holds `image`
-/// pixel-major, for the channel-vectorised gather.
-#[allow(clippy::too_many_arguments)]
+/// Which column tile: one image, one convolution group, output pixels `start .. start + len`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TileSpan {
+    /// The image of the batch.
+    pub image: usize,
+    /// The convolution group.
+    pub group: usize,
+    /// The first output pixel (row-major `y * W_out + x`).
+    pub start: usize,
+    /// How many output pixels.
+    pub len: usize,
+}
+
+/// Where the rows of a column tile go: row `r` at `cols[r * ld ..]`.
+#[derive(Debug)]
+pub(crate) struct TileRows<'a, T> {
+    /// The buffer.
+    pub cols: &'a mut [T],
+    /// The row stride, at least the tile's length.
+    pub ld: usize,
+}
+
+/// Fills the column tile of `span` into `out`, row `r` at `out.cols[r * out.ld ..][..len]`
+/// (`out.ld >= len`; see the module docs for the layout, which is the case `ld = len`), by
+/// the deformable gather when `src` has offsets and by the dense im2col otherwise. A forward
+/// tile spanning several images fills one such block per image, side by side in a buffer of
+/// row stride `ld`. `images` (deformable `f32` only) holds `span.image` pixel-major, for the
+/// channel-vectorised gather.
 #[inline]
 pub(crate) fn fill_columns<T: crate::Float>(
     src: &Source<'_, T>,
-    image: usize,
-    group: usize,
-    start: usize,
-    len: usize,
-    cols: &mut [T],
-    ld: usize,
+    span: TileSpan,
+    out: TileRows<'_, T>,
     scratch: &mut gather::SampleTable<T>,
     images: Option<&pixel_major::PixelMajor>,
 ) {
     match src.offset {
-        Some(offset) => gather::gather_columns(
-            src, offset, image, group, start, len, cols, ld, scratch, images,
-        ),
-        None => im2col::im2col_columns(src, image, group, start, len, cols, ld),
+        Some(offset) => gather::gather_columns(src, offset, span, out, scratch, images),
+        None => im2col::im2col_columns(src, span, out),
     }
 }

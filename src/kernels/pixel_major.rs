@@ -88,12 +88,27 @@ impl PixelMajor {
             });
     }
 
-    /// Image `n` (of the batch) pixel-major: `(H*W + 1) * channels` values.
-    pub(crate) fn image(&self, n: usize) -> &[f32] {
+    /// Image `n` (of the batch) pixel-major.
+    pub(crate) fn image(&self, n: usize) -> PixelImage<'_> {
         debug_assert!(n >= self.first && n < self.first + self.count);
         let per_image = (self.pixels + 1) * self.channels;
-        &self.data[(n - self.first) * per_image..][..per_image]
+        PixelImage {
+            values: &self.data[(n - self.first) * per_image..][..per_image],
+            channels: self.channels,
+            zero_pixel: self.pixels,
+        }
     }
+}
+
+/// One image pixel-major: channel `c` of pixel `p` at `values[p * channels + c]`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PixelImage<'a> {
+    /// `(zero_pixel + 1) * channels` values.
+    pub values: &'a [f32],
+    /// Channels per pixel (the image's `C_in`).
+    pub channels: usize,
+    /// The pixel after the image's `H * W`, all zeros (read for a missing corner).
+    pub zero_pixel: usize,
 }
 
 impl Drop for PixelMajor {
@@ -246,7 +261,7 @@ pub(crate) mod tests {
             let mut pm = PixelMajor::default();
             pm.fill(&input, 1, 2, channels, pixels);
             for img in 1..3 {
-                let got = pm.image(img);
+                let got = pm.image(img).values;
                 for p in 0..pixels {
                     for c in 0..channels {
                         let want = input[(img * channels + c) * pixels + p];

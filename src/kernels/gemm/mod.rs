@@ -51,6 +51,15 @@ pub(crate) struct MatB<'a, T> {
     pub cs: usize,
 }
 
+/// A writable `C` block: element `(o, q)` at `ptr.add(o * rs + q)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MatC<T> {
+    /// Element `(0, 0)`.
+    pub ptr: *mut T,
+    /// The row stride.
+    pub rs: usize,
+}
+
 /// What the sums start from.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Init<'a, T> {

@@ -3,7 +3,7 @@
 //! matrixmultiply's sgemm on the same tiles on this crate's workloads, AVX-512: matrixmultiply
 //! repacks the weight per call). The bias is fused: the sum starts from it.
 
-use super::{multiply, Init, MatB, PackedA};
+use super::{multiply, Init, MatB, MatC, PackedA};
 use crate::float::Float;
 
 /// The weight of a call, ready for the tiles: per conv group, its `rows x depth` block packed.
@@ -35,36 +35,39 @@ impl<T: Float> TileGemm<T> {
         TileGemm { packed }
     }
 
-    /// `out[o * rs + q] = bias[o] + sum_r weight_g[o, r] * cols[r * ld + q]` for
-    /// `o < rows`, `q < len`: the tile's output for conv group `group`. Without bias the output
-    /// is overwritten without being read (stale or NaN contents never leak in).
+    /// `out[o, q] = bias[o] + sum_r weight_g[o, r] * cols[r, q]` for `o < rows`, `q < len`:
+    /// the tile's output for conv group `group`. Without bias the output is overwritten without
+    /// being read (stale or NaN contents never leak in).
     ///
     /// # Safety
-    /// `cols` holds `depth` rows of `len` elements at stride `ld`; `out` addresses `rows` rows
-    /// of `len` writable elements at row stride `rs`, exclusively owned by the caller for the
-    /// duration of the call and disjoint from the weight, `cols` and `bias`.
-    #[allow(clippy::too_many_arguments)]
+    /// `cols` holds `depth` rows of `len` elements (`cols.cs == 1`); `out` addresses `rows`
+    /// rows of `len` writable elements, exclusively owned by the caller for the duration of the
+    /// call and disjoint from the weight, `cols` and `bias`.
     pub(crate) unsafe fn multiply_tile(
         &self,
         group: usize,
-        cols: &[T],
-        ld: usize,
+        cols: MatB<'_, T>,
         len: usize,
         bias: Option<&[T]>,
-        out: *mut T,
-        rs: usize,
+        out: MatC<T>,
         scratch: &mut GemmScratch<T>,
     ) {
         let packed = &self.packed[group];
-        debug_assert!(len == 0 || cols.len() >= (packed.depth.max(1) - 1) * ld + len);
+        debug_assert!(cols.cs == 1);
+        debug_assert!(len == 0 || cols.data.len() >= (packed.depth.max(1) - 1) * cols.rs + len);
         debug_assert!(bias.is_none_or(|b| b.len() >= packed.rows));
-        let b = MatB {
-            data: cols,
-            rs: ld,
-            cs: 1,
-        };
         let init = bias.map_or(Init::Zero, Init::Bias);
-        // SAFETY: the caller's contract (cols is depth x len at stride ld, out rows x len).
-        unsafe { multiply(packed, b, len, init, out, rs, &mut scratch.packed_b) }
+        // SAFETY: the caller's contract (cols is depth x len, out rows x len).
+        unsafe {
+            multiply(
+                packed,
+                cols,
+                len,
+                init,
+                out.ptr,
+                out.rs,
+                &mut scratch.packed_b,
+            )
+        }
     }
 }
