@@ -272,6 +272,11 @@ mod tests {
         let (h, w) = (3usize, 4usize);
         let l = PlaneLayout::for_convention(conv, h, w);
         let image: Vec<f64> = (0..h * w).map(|i| ((i * 7919) % 13) as f64 - 6.5).collect();
+        let plane = sample::tests::Plane {
+            values: &image,
+            h,
+            w,
+        };
         let mut padded = vec![0.0; l.len()];
         for r in 0..h {
             for s in 0..w {
@@ -288,18 +293,7 @@ mod tests {
                 let cell = &padded[t.gather..];
                 let v = [cell[0], cell[1], cell[l.pitch()], cell[l.pitch() + 1]];
                 let got = coordinate_weights(t.ly, t.lx, v);
-                let want = sample::tests::coordinate_weights_in(
-                    conv,
-                    0,
-                    dy,
-                    0,
-                    dx,
-                    sample::tests::Plane {
-                        values: &image,
-                        h,
-                        w,
-                    },
-                );
+                let want = sample::tests::coordinate_weights_in(conv, 0, dy, 0, dx, plane);
                 let same =
                     |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
                 assert!(

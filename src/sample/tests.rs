@@ -117,21 +117,16 @@ fn window_is_open_at_minus_one_and_size() {
 fn interpolation_of_a_ramp_is_exact() {
     // v(r, s) = 10 r + s is bilinear, so interpolation reproduces it exactly inside.
     let plane: Vec<f64> = (0..12).map(|i| (10 * (i / 4) + i % 4) as f64).collect();
+    let grid = Plane {
+        values: &plane,
+        h: 3,
+        w: 4,
+    };
     let Sample::Inside(c) = locate(1, 0.25, 3, -0.5, 3, 4) else {
         panic!("inside")
     };
     assert!((interpolate(&c, &plane) - 15.0).abs() < 1e-12);
-    let (wy, wx) = coordinate_weights(
-        1,
-        0.25,
-        3,
-        -0.5,
-        Plane {
-            values: &plane,
-            h: 3,
-            w: 4,
-        },
-    );
+    let (wy, wx) = coordinate_weights(1, 0.25, 3, -0.5, grid);
     assert_eq!((wy, wx), (10.0, 1.0));
 }
 
@@ -241,29 +236,14 @@ fn flat_clamped_form_agrees_with_locate_in() {
 fn coordinate_weight_at_minus_one_is_right_hand() {
     // At py = -1 exactly: y0 = -1 (reads 0), y1 = 0, so Wy = v(0, x).
     let plane = [5.0f64, 7.0];
-    let (wy, _) = coordinate_weights(
-        0,
-        -1.0,
-        0,
-        0.0,
-        Plane {
-            values: &plane,
-            h: 1,
-            w: 2,
-        },
-    );
+    let grid = Plane {
+        values: &plane,
+        h: 1,
+        w: 2,
+    };
+    let (wy, _) = coordinate_weights(0, -1.0, 0, 0.0, grid);
     assert_eq!(wy, 5.0);
-    let far = coordinate_weights(
-        0,
-        f64::NEG_INFINITY,
-        0,
-        0.0,
-        Plane {
-            values: &plane,
-            h: 1,
-            w: 2,
-        },
-    );
+    let far = coordinate_weights(0, f64::NEG_INFINITY, 0, 0.0, grid);
     assert_eq!(far, (0.0, 0.0));
 }
 
@@ -300,6 +280,11 @@ fn every_convention_follows_the_reference_rule() {
         .map(|i| ((i * 7 + 3) % 11) as f64 - 5.0 + 0.25 * i as f64)
         .collect();
     let input = ndarray::Array4::from_shape_vec((1, 1, h, w), plane.clone()).unwrap();
+    let grid = Plane {
+        values: &plane,
+        h,
+        w,
+    };
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs());
     // Kernels form positions as an integer base plus the offset: do the same.
     let (by, bx) = (1isize, 2isize);
@@ -340,18 +325,7 @@ fn every_convention_follows_the_reference_rule() {
                     }
                     (got, want) => panic!("{at}: located {got:?}, reference {want:?}"),
                 }
-                let (wy, wx) = coordinate_weights_in(
-                    conv,
-                    by,
-                    dy,
-                    bx,
-                    dx,
-                    Plane {
-                        values: &plane,
-                        h,
-                        w,
-                    },
-                );
+                let (wy, wx) = coordinate_weights_in(conv, by, dy, bx, dx, grid);
                 let (gy, gx) = reference::coordinate_weights(conv, &input.view(), 0, 0, ry, rx);
                 assert!(
                     close(wy, gy) && close(wx, gx),
@@ -368,6 +342,11 @@ fn every_convention_follows_the_reference_rule() {
 #[test]
 fn torchvision_convention_is_the_default_path() {
     let plane: Vec<f64> = (0..12).map(|i| (i * i) as f64).collect();
+    let grid = Plane {
+        values: &plane,
+        h: 3,
+        w: 4,
+    };
     for &py in &border_positions(3) {
         for &px in &border_positions(4) {
             let conv = Convention::Torchvision;
@@ -376,29 +355,8 @@ fn torchvision_convention_is_the_default_path() {
                 locate(0, py, 0, px, 3, 4)
             );
             assert_eq!(
-                coordinate_weights_in(
-                    conv,
-                    0,
-                    py,
-                    0,
-                    px,
-                    Plane {
-                        values: &plane,
-                        h: 3,
-                        w: 4
-                    }
-                ),
-                coordinate_weights(
-                    0,
-                    py,
-                    0,
-                    px,
-                    Plane {
-                        values: &plane,
-                        h: 3,
-                        w: 4
-                    }
-                )
+                coordinate_weights_in(conv, 0, py, 0, px, grid),
+                coordinate_weights(0, py, 0, px, grid)
             );
         }
     }
@@ -408,26 +366,18 @@ fn torchvision_convention_is_the_default_path() {
 fn dcn_v1_collapses_the_last_row_and_column() {
     // 2 x 3 plane, sample at (1.5, 2.25): both axes in their last band.
     let plane = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let grid = Plane {
+        values: &plane,
+        h: 2,
+        w: 3,
+    };
     let Sample::Inside(c) = locate_in(Convention::DcnV1, 1, 0.5, 2, 0.25, 2, 3) else {
         panic!("inside")
     };
     assert_eq!((c.y0, c.x0, c.ly, c.lx), (1, 2, 0.0, 0.0));
     assert_eq!(c.index, [5, 5, 5, 5]);
     assert_eq!(interpolate(&c, &plane), 6.0);
-    let cw = |dy: f64, dx: f64| {
-        coordinate_weights_in(
-            Convention::DcnV1,
-            0,
-            dy,
-            0,
-            dx,
-            Plane {
-                values: &plane,
-                h: 2,
-                w: 3,
-            },
-        )
-    };
+    let cw = |dy: f64, dx: f64| coordinate_weights_in(Convention::DcnV1, 0, dy, 0, dx, grid);
     assert_eq!(cw(1.5, 2.25), (0.0, 0.0));
     // (0, 0.5): Wy = v(1,·) - v(0,·) = 3, Wx = v(0,1) - v(0,0) = 1.
     assert_eq!(cw(0.0, 0.5), (3.0, 1.0));
@@ -451,20 +401,14 @@ fn dcn_v1_collapses_the_last_row_and_column() {
 #[test]
 fn non_finite_offsets_in_every_convention() {
     let plane = [1.0f64, 2.0, 3.0, 4.0];
+    let grid = Plane {
+        values: &plane,
+        h: 2,
+        w: 2,
+    };
     for conv in Convention::ALL {
         assert_eq!(locate_in(conv, 0, f64::NAN, 0, 0.0, 2, 2), Sample::Nan);
-        let (wy, wx) = coordinate_weights_in(
-            conv,
-            0,
-            0.0,
-            0,
-            f64::NAN,
-            Plane {
-                values: &plane,
-                h: 2,
-                w: 2,
-            },
-        );
+        let (wy, wx) = coordinate_weights_in(conv, 0, 0.0, 0, f64::NAN, grid);
         assert!(wy.is_nan() && wx.is_nan());
         for bad in [f64::INFINITY, f64::NEG_INFINITY, 1e300, -1e300] {
             assert_eq!(locate_in(conv, 0, bad, 0, 0.0, 2, 2), Sample::Outside);
@@ -472,18 +416,7 @@ fn non_finite_offsets_in_every_convention() {
                 locate_in(conv, 0, 0.5, 0, bad as f32, 2, 2),
                 Sample::Outside
             );
-            let cw = coordinate_weights_in(
-                conv,
-                0,
-                bad,
-                0,
-                0.5,
-                Plane {
-                    values: &plane,
-                    h: 2,
-                    w: 2,
-                },
-            );
+            let cw = coordinate_weights_in(conv, 0, bad, 0, 0.5, grid);
             assert_eq!(cw, (0.0, 0.0), "{conv:?} {bad}");
         }
     }
