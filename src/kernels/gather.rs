@@ -279,7 +279,7 @@ struct TableView<'a, T> {
     index: &'a [i32],
     /// Corner weights, corner-major.
     weight: &'a [T],
-    /// Mask rows, one per tap (empty without a mask).
+    /// Mask rows, one per tap (read only when the convolution has a mask).
     mask: &'a [T],
 }
 
