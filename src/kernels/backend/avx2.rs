@@ -49,7 +49,10 @@ impl Backend for Avx2 {
     /// ran AVX-512 code (its AVX2 kernel is timed by building it with
     /// `MMTEST_FEATURE=avx2,fma`). Our loop (per depth step 12 FMAs, 2 loads, 6 broadcasts)
     /// runs at 85-90% of the core's 256-bit FMA rate with its operands in L1 (a loop of
-    /// independent FMAs alone: 94.5 GFLOP/s on the same core).
+    /// independent FMAs alone: 94.5 GFLOP/s on the same core). The whole path (`isa_probe
+    /// W2 W4`, 2 threads, 3 alternating runs) against matrixmultiply's AVX2 kernel: faster or
+    /// level in every `f32` row and in the `f64` forwards, but the `f64` W4 full backward is
+    /// slower (386-410 ms against 349-358), not yet looked into.
     const OWN_GEMM: bool = true;
     type F32 = F32x8;
     type F64 = F64x4;
