@@ -39,10 +39,21 @@ pub(crate) struct F64x4(__m256d);
 
 impl Backend for Avx2 {
     const ISA: Isa = Isa::Avx2;
-    /// matrixmultiply's AVX2 kernels: W4's GEMM alone (`fwd_probe W4 gemm`, Intel Xeon, 1
-    /// thread) 78-111 GFLOP/s against 61-75 for our 6 x 16 kernel in the same runs, which
-    /// spends its time in a clean 12-FMA loop; the reason is not found yet.
-    const OWN_GEMM: bool = false;
+    /// Ours (6 x 16 `f32`, 6 x 8 `f64`). The forward's GEMM alone (`fwd_probe W2|W4 gemm`,
+    /// Intel Xeon, one run of 3 alternating rounds, medians, GFLOP/s at 1 / 2 threads): ours
+    /// W2 73 / 123, W4 75 / 150; matrixmultiply's AVX2 kernel 48 / 97, 63 / 109; OpenBLAS's
+    /// Haswell sgemm on the same tiles (numpy, `OPENBLAS_CORETYPE=Haswell`) 71 / 137,
+    /// 76 / 127. The earlier finding that matrixmultiply was faster here (its 83 / 146,
+    /// 115 / 216 in that run) compared with its AVX-512 kernel: matrixmultiply detects the
+    /// CPU itself, whatever `DEFORMCONV_ISA` says, so on an AVX-512 machine the capped path
+    /// ran AVX-512 code (its AVX2 kernel is timed by building it with
+    /// `MMTEST_FEATURE=avx2,fma`). Our loop (per depth step 12 FMAs, 2 loads, 6 broadcasts)
+    /// runs at 85-90% of the core's 256-bit FMA rate with its operands in L1 (a loop of
+    /// independent FMAs alone: 94.5 GFLOP/s on the same core). The whole path (`isa_probe
+    /// W2 W4`, 2 threads, 3 alternating runs) against matrixmultiply's AVX2 kernel: faster or
+    /// level in every `f32` row and in the `f64` forwards, but the `f64` W4 full backward is
+    /// slower (386-410 ms against 349-358), not yet looked into.
+    const OWN_GEMM: bool = true;
     type F32 = F32x8;
     type F64 = F64x4;
 

@@ -20,7 +20,8 @@ impl Portable {
 impl Backend for Portable {
     const ISA: Isa = Isa::Portable;
     /// matrixmultiply's SSE2 and NEON kernels, tuned per target: our kernel on `wide` could
-    /// not be compared with them on this project's machines (matrixmultiply picks AVX2 there).
+    /// not be compared with them on this project's machines (matrixmultiply detects the CPU
+    /// itself and runs its AVX-512 or AVX2 kernels there, whatever the cap).
     const OWN_GEMM: bool = false;
     type F32 = f32x8;
     type F64 = f64x4;

@@ -3,16 +3,18 @@
 //! (a column tile, `depth x len`) packed per product or once ([`PackedB`]).
 //!
 //! Two engines behind this one interface, chosen by the backend ([`Backend::OWN_GEMM`]):
-//! - ours, on AVX-512 (`f32` and `f64`). Why: matrixmultiply repacks `A` on every call, and
+//! - ours, on AVX-512 and AVX2 (`f32` and `f64`). Why: matrixmultiply repacks `A` on every call, and
 //!   the forward calls the GEMM once per tile, so on the ResNet res5 layer (a 9.4 MB weight,
 //!   49 pixels per image) it spent most of its time packing. Here the weight is packed once
 //!   and shared by every tile and thread. Measured against matrixmultiply in one run
 //!   (`isa_probe`, Intel Xeon, 2 threads, medians of 3): `f64` W4 forward 194 -> 128 ms,
 //!   dense forward 160 -> 104 ms, full backward 366 -> 300 ms.
-//! - matrixmultiply's on AVX2, portable and scalar, where it measured faster or could not be
-//!   compared (see each backend's `OWN_GEMM`): "packing" is then a plain row-major copy
-//!   (`mr = 0`) and each product one matrixmultiply call. Our kernel is still instantiated
-//!   and tested on every backend (`tests.rs`), so a backend switches with one constant.
+//! - matrixmultiply's on portable and scalar, where it could not be compared (see each
+//!   backend's `OWN_GEMM`): "packing" is then a plain row-major copy (`mr = 0`) and each
+//!   product one matrixmultiply call. matrixmultiply picks its kernels by its own CPU
+//!   detection, whatever `DEFORMCONV_ISA` says: on an AVX-512 machine it runs AVX-512 code
+//!   under every cap. Our kernel is still instantiated and tested on every backend
+//!   (`tests.rs`), so a backend switches with one constant.
 //!
 //! Blocking: depth in blocks of [`KC`]; for each block the tile's `B` rows are packed into
 //! panels of `NR = GEMM_VECTORS * N` columns (`[panel][k][NR]`, zero padded), then every
