@@ -25,9 +25,27 @@ use super::TileRows;
 /// where it measured faster, every vector backend in `f32` and `f64`; not the scalar one, where
 /// both gathers are one value at a time and the copy to pixel-major did not pay.
 ///
-/// Deformable forward, min of runs alternating main's binary and this one in one sitting,
-/// Intel Xeon (AVX-512), 2 threads (the GEMM is matrixmultiply's under every cap; the sampling
-/// table build is unchanged): see the commit message for the full table.
+/// Deformable forward in ms, per-pixel gather (main's binary) -> this kernel, min of runs
+/// alternating the two binaries in one sitting, Intel Xeon with AVX-512, 2 threads:
+/// `ITERS=10 DEFORMCONV_ISA=<cap> target/release/examples/isa_probe W1 W2 W4` (2 sittings x 2
+/// rounds; f32 also `fwd_probe`, 6 rounds, same picture):
+///
+/// ```text
+///                 W1            W2             W4
+/// avx2 f32       1.01 -> 1.00  26.00 -> 22.83   58.52 -> 56.08
+/// avx2 f64       1.39 -> 1.40  48.90 -> 47.59  130.95 -> 127.43
+/// portable f32   2.24 -> 2.27  32.05 -> 24.79   68.92 -> 60.54
+/// portable f64   2.65 -> 2.54  53.61 -> 49.19  139.11 -> 135.28
+/// avx512 f64     1.25 -> 1.32  37.73 -> 36.77  100.08 -> 91.99   (default cap, 3 sittings)
+/// scalar f32     2.36 -> 2.45  27.09 -> 25.91   72.48 -> 71.87   (not switched)
+/// scalar f64     2.57 -> 2.68  50.62 -> 50.09  139.20 -> 136.73  (not switched)
+/// ```
+///
+/// The gains are the gather's share only: the GEMM is matrixmultiply's under every cap (with
+/// its own AVX-512 kernels on this host) and the sampling table build is unchanged (on W1 it
+/// and the GEMM are nearly all the time: the gather was ~39% of the AVX2 W1 profile). W1 (8
+/// channels, one vector of them) gains nothing and AVX-512 f64 loses ~5% there (noisy at
+/// ~1 ms); W2 and W4 decide.
 pub(crate) fn replaces_pixel_gather<T: Element>(isa: Isa) -> bool {
     match isa {
         Isa::Scalar => false,
