@@ -1,4 +1,5 @@
-//! The deformable gather vectorised across channels (`f32`, AVX-512F): for one tap and 16
+//! The deformable gather vectorised across channels, tuned for `f32` on AVX-512F (other
+//! backends and `f64` run the generic form, [`super::channel_lanes`]): for one tap and 16
 //! output pixels, each pixel's sample is interpolated for 16 channels at once from the
 //! pixel-major image ([`super::pixel_major`]), one vector load per corner, and the 16 x 16
 //! block (pixels x channels) is transposed in registers into 16 rows of the column tile.
@@ -46,7 +47,7 @@ impl ChannelRows {
 /// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k`
 /// (non-negative indices below `image.zero_pixel`).
 pub(crate) fn interpolate_tap(
-    image: PixelImage<'_>,
+    image: PixelImage<'_, f32>,
     rows: ChannelRows,
     tap: &TapRow<'_, f32>,
     len: usize,
@@ -75,30 +76,15 @@ pub(crate) fn interpolate_tap(
         unsafe { x86::interpolate_tap(image, rows, tap, len, out) };
         return;
     }
-    let PixelImage {
-        values: image,
-        channels: c_in,
-        zero_pixel,
-    } = image;
-    let TileRows { cols, ld } = out;
-    for c in rows.channels.clone() {
-        let plane_row = &mut cols[rows.row(c) * ld..][..len];
-        for (q, v) in plane_row.iter_mut().enumerate() {
-            let read = |t: usize| {
-                let i = tap.index[t][q];
-                let p = if i < 0 { zero_pixel } else { i as usize };
-                image[p * c_in + c]
-            };
-            let s = tap.weight[0][q] * read(0)
-                + tap.weight[1][q] * read(1)
-                + tap.weight[2][q] * read(2)
-                + tap.weight[3][q] * read(3);
-            *v = match tap.mask {
-                Some(m) => m[q] * s,
-                None => s,
-            };
-        }
-    }
+    // Not reached from the gather (it calls this on AVX-512 only); the same bits anyway.
+    super::channel_lanes::interpolate_tap(
+        super::backend::Scalar::new(),
+        image,
+        rows,
+        tap,
+        len,
+        out,
+    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -113,7 +99,7 @@ mod x86 {
     /// AVX-512F; the bounds that [`super::interpolate_tap`] asserts.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn interpolate_tap(
-        image: PixelImage<'_>,
+        image: PixelImage<'_, f32>,
         rows: ChannelRows,
         tap: &TapRow<'_, f32>,
         len: usize,
@@ -270,7 +256,7 @@ mod x86 {
     /// AVX-512F; the bounds that [`super::interpolate_tap`] asserts; `channels.len() <= 8`.
     #[target_feature(enable = "avx512f")]
     unsafe fn interpolate_tap_pairs(
-        image: PixelImage<'_>,
+        image: PixelImage<'_, f32>,
         rows: ChannelRows,
         tap: &TapRow<'_, f32>,
         len: usize,
@@ -379,22 +365,35 @@ mod x86 {
 mod tests {
     use crate::convention::Convention;
     use crate::geometry::Geometry;
-    use crate::kernels::gather::{gather_columns, SampleTable};
+    use crate::kernels::backend::tests::token;
+    use crate::kernels::backend::{Backend, Isa, Portable, Scalar};
+    use crate::kernels::gather::{channel_columns_on, gather_columns, SampleTable};
     use crate::kernels::pixel_major::PixelMajor;
     use crate::kernels::Source;
     use crate::kernels::{TileRows, TileSpan};
     use crate::params::ConvParams;
+    use crate::Float;
 
-    /// The channel gather's column tile equals the per-pixel gather's bit for bit, for channel
-    /// counts around the vector width, ragged pixel ranges, masks, NaN / infinite / huge
-    /// offsets and infinite pixels, in every convention.
-    #[test]
-    fn equals_the_pixel_gather_bit_for_bit() {
+    /// A channel gather under test: fills the tile of `span` from the pixel-major images.
+    type Fill<'f, T> = &'f dyn Fn(
+        &Source<'_, T>,
+        &[T],
+        TileSpan,
+        TileRows<'_, T>,
+        &mut SampleTable<T>,
+        &PixelMajor<T>,
+    );
+
+    /// `fill`'s column tile equals the per-pixel gather's bit for bit, for channel counts
+    /// around the vector widths, ragged pixel ranges, masks, NaN / infinite / huge offsets and
+    /// infinite pixels, in every convention.
+    fn equals_pixel_gather<T: Float>(fill: Fill<'_, T>, name: &str) {
         let mut state = 11u32;
         let mut next = move || {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (state >> 8) as f32 / 16_777_216.0
+            T::from_f64(f64::from(state >> 8) / 16_777_216.0)
         };
+        let half = T::from_f64(0.5);
         for &(c_in, groups, og, h, w, k) in &[
             (8, 1, 1, 9, 7, 3),
             // At most 8 channels per offset group (two pixels a vector): all, some of a
@@ -406,7 +405,7 @@ mod tests {
             (40, 2, 4, 6, 11, 3),
             (17, 1, 1, 5, 5, 2),
             (33, 1, 3, 4, 9, 1),
-            // More than 256 channels in one offset group: the kernel's split into parts.
+            // More than 256 channels in one offset group: the kernels' split into parts.
             (300, 1, 1, 4, 5, 2),
         ] {
             for convention in [Convention::Torchvision, Convention::DcnV1] {
@@ -419,16 +418,16 @@ mod tests {
                 let geo =
                     Geometry::new([n, c_in, h, w], [2 * groups, c_in / groups, k, k], &params)
                         .unwrap();
-                let mut input: Vec<f32> = (0..n * c_in * h * w).map(|_| next() - 0.5).collect();
-                input[3] = f32::INFINITY;
-                let mut offset: Vec<f32> = (0..n * 2 * og * k * k * geo.out_pixels())
-                    .map(|_| (next() - 0.5) * 6.0)
+                let mut input: Vec<T> = (0..n * c_in * h * w).map(|_| next() - half).collect();
+                input[3] = T::from_f64(f64::INFINITY);
+                let mut offset: Vec<T> = (0..n * 2 * og * k * k * geo.out_pixels())
+                    .map(|_| (next() - half) * T::from_f64(6.0))
                     .collect();
-                offset[1] = f32::NAN;
-                offset[5] = 1e30;
-                offset[8] = -2.0;
-                offset[9] = 1.0;
-                let mask: Vec<f32> = (0..n * og * k * k * geo.out_pixels())
+                offset[1] = T::from_f64(f64::NAN);
+                offset[5] = T::from_f64(1e30);
+                offset[8] = T::from_f64(-2.0);
+                offset[9] = T::from_f64(1.0);
+                let mask: Vec<T> = (0..n * og * k * k * geo.out_pixels())
                     .map(|_| next())
                     .collect();
                 let mut images = PixelMajor::default();
@@ -449,7 +448,8 @@ mod tests {
                         for group in 0..groups {
                             let ld = len + 5;
                             let mut table = SampleTable::new();
-                            let mut want = vec![f32::NAN; rows * ld];
+                            let nan = T::from_f64(f64::NAN);
+                            let mut want = vec![nan; rows * ld];
                             let span = TileSpan {
                                 image,
                                 group,
@@ -461,15 +461,15 @@ mod tests {
                                 ld,
                             };
                             gather_columns(&src, &offset, span, out, &mut table, None);
-                            let mut got = vec![f32::NAN; rows * ld];
+                            let mut got = vec![nan; rows * ld];
                             let out = TileRows { cols: &mut got, ld };
-                            gather_columns(&src, &offset, span, out, &mut table, Some(&images));
+                            fill(&src, &offset, span, out, &mut table, &images);
                             for r in 0..rows {
                                 for q in 0..len {
                                     assert_eq!(
-                                        got[r * ld + q].to_bits(),
-                                        want[r * ld + q].to_bits(),
-                                        "c_in {c_in} og {og} {convention:?} mask {with_mask} row {r} q {q}"
+                                        got[r * ld + q].to_f64().to_bits(),
+                                        want[r * ld + q].to_f64().to_bits(),
+                                        "{name} c_in {c_in} og {og} {convention:?} mask {with_mask} row {r} q {q}"
                                     );
                                 }
                             }
@@ -478,5 +478,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The gather the forward runs (the tuned AVX-512 `f32` kernel on AVX-512, the generic one
+    /// elsewhere), in `f32` and `f64`.
+    #[test]
+    fn equals_the_pixel_gather_bit_for_bit() {
+        fn dispatched<T: Float>() {
+            equals_pixel_gather::<T>(
+                &|src, offset, span, out, table, images| {
+                    gather_columns(src, offset, span, out, table, Some(images))
+                },
+                "dispatched",
+            );
+        }
+        dispatched::<f32>();
+        dispatched::<f64>();
+    }
+
+    /// The generic kernel on backend `b`, in `f32` and `f64` (a missing backend is skipped,
+    /// or fails when `DEFORMCONV_EXPECT_ISA` names it).
+    fn generic_on<B: Backend>(b: Option<B>, isa: Isa) {
+        let Some(b) = token(b, isa) else {
+            return;
+        };
+        fn on<B: Backend, T: Float>(b: B, isa: Isa) {
+            equals_pixel_gather::<T>(
+                &|src, offset, span, out, table, images| {
+                    channel_columns_on(b, src, offset, span, out, table, images)
+                },
+                isa.name(),
+            );
+        }
+        on::<B, f32>(b, isa);
+        on::<B, f64>(b, isa);
+    }
+
+    #[test]
+    fn generic_equals_the_pixel_gather_on_scalar() {
+        generic_on(Some(Scalar::new()), Isa::Scalar);
+    }
+
+    #[test]
+    fn generic_equals_the_pixel_gather_on_portable() {
+        generic_on(Some(Portable::new()), Isa::Portable);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn generic_equals_the_pixel_gather_on_avx2() {
+        generic_on(crate::kernels::backend::Avx2::new(), Isa::Avx2);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn generic_equals_the_pixel_gather_on_avx512() {
+        generic_on(crate::kernels::backend::Avx512::new(), Isa::Avx512);
     }
 }

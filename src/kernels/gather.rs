@@ -3,12 +3,14 @@
 
 use super::backend::{self, Backend, WithBackend};
 use super::channel_gather::{self, ChannelRows};
+use super::channel_lanes;
 use super::lanes::{self, TapRow};
-use super::pixel_major::PixelMajor;
+use super::pixel_major::{PixelImage, PixelMajor};
 use super::{Source, TileRows, TileSpan};
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::sample::{locate_flat, locate_flat_clamped};
+use std::ops::Range;
 
 /// Corner index meaning "outside the plane: reads 0, touches nothing".
 pub(crate) const NO_CORNER: i32 = -1;
@@ -302,15 +304,17 @@ impl<'a, T> TableView<'a, T> {
 /// Row `r` of the tile goes to `out.cols[r * out.ld ..][..len]`. The caller guarantees
 /// `H * W <= i32::MAX`, `ld >= len` and `cols.len() >= (C_in/groups * K - 1) * ld + len`.
 ///
-/// With `images` (`f32` only: the batch's images pixel-major, holding `image`) the samples
-/// are interpolated 16 channels at a time ([`super::channel_gather`]), with the same bits.
+/// With `images` (the batch's images pixel-major, holding `image`) the samples are
+/// interpolated for a vector of channels at a time, with the same bits: 16 by the tuned
+/// kernel for `f32` on AVX-512 ([`super::channel_gather`]), `N` (the backend's lanes) by the
+/// generic one ([`super::channel_lanes`]) otherwise.
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
     out: TileRows<'_, T>,
     table: &mut SampleTable<T>,
-    images: Option<&PixelMajor>,
+    images: Option<&PixelMajor<T>>,
 ) {
     let TileSpan {
         image,
@@ -332,8 +336,12 @@ pub(crate) fn gather_columns<T: Float>(
         let og = c / per_og;
         let chunk_end = c_hi.min((og + 1) * per_og);
         table.build(src, offset, image, og, start, len);
-        if let (Some(images), Some(table), Some(cols)) =
-            (images, table.view_f32(), T::as_f32_mut(&mut *cols))
+        // The tuned AVX-512 `f32` kernel where it runs, else the generic one.
+        let tuned_image = images
+            .filter(|_| backend::isa() == backend::Isa::Avx512)
+            .and_then(|images| images.image(image).as_f32());
+        if let (Some(pixel_image), Some(table), Some(cols)) =
+            (tuned_image, table.view_f32(), T::as_f32_mut(&mut *cols))
         {
             for k in 0..taps {
                 let tap = table.tap_row(k, len, src.mask.is_some());
@@ -347,8 +355,23 @@ pub(crate) fn gather_columns<T: Float>(
                     cols: &mut *cols,
                     ld,
                 };
-                channel_gather::interpolate_tap(images.image(image), rows, &tap, len, out);
+                channel_gather::interpolate_tap(pixel_image, rows, &tap, len, out);
             }
+            c = chunk_end;
+            continue;
+        }
+        if let Some(images) = images {
+            backend::dispatch(ChannelTaps {
+                table: table.view(),
+                image: images.image(image),
+                channels: c..chunk_end,
+                first: c_lo,
+                taps,
+                len,
+                has_mask: src.mask.is_some(),
+                cols: &mut *cols,
+                ld,
+            });
             c = chunk_end;
             continue;
         }
@@ -400,6 +423,78 @@ impl<T: Float> WithBackend for Rows<'_, T> {
                 // its indices are NO_CORNER or below plane_len = plane.len().
                 unsafe { lanes::interpolate(b, plane, &tap, row) };
             }
+        }
+    }
+}
+
+/// [`gather_columns`] with `images` by the generic channel gather on backend `b`, whatever
+/// [`backend::isa`] is (for the tests of every backend).
+#[cfg(test)]
+pub(crate) fn channel_columns_on<B: Backend, T: Float>(
+    b: B,
+    src: &Source<'_, T>,
+    offset: &[T],
+    span: TileSpan,
+    out: TileRows<'_, T>,
+    table: &mut SampleTable<T>,
+    images: &PixelMajor<T>,
+) {
+    let TileRows { cols, ld } = out;
+    let g = src.geo;
+    let (cg, per_og) = (g.c_in_per_group(), g.c_per_offset_group());
+    let (c_lo, c_hi) = (span.group * cg, (span.group + 1) * cg);
+    let mut c = c_lo;
+    while c < c_hi {
+        let og = c / per_og;
+        let chunk_end = c_hi.min((og + 1) * per_og);
+        table.build(src, offset, span.image, og, span.start, span.len);
+        b.vectorize(ChannelTaps {
+            table: table.view(),
+            image: images.image(span.image),
+            channels: c..chunk_end,
+            first: c_lo,
+            taps: g.taps(),
+            len: span.len,
+            has_mask: src.mask.is_some(),
+            cols: &mut *cols,
+            ld,
+        });
+        c = chunk_end;
+    }
+}
+
+/// Every tap's rows of consecutive channels of one offset group by the generic channel gather
+/// ([`channel_lanes::interpolate_tap`]) on the backend of the call.
+pub(crate) struct ChannelTaps<'a, T> {
+    table: TableView<'a, T>,
+    image: PixelImage<'a, T>,
+    channels: Range<usize>,
+    first: usize,
+    taps: usize,
+    len: usize,
+    has_mask: bool,
+    cols: &'a mut [T],
+    ld: usize,
+}
+
+impl<T: Float> WithBackend for ChannelTaps<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<B: Backend>(self, b: B) {
+        for k in 0..self.taps {
+            let tap = self.table.tap_row(k, self.len, self.has_mask);
+            let rows = ChannelRows {
+                channels: self.channels.clone(),
+                first: self.first,
+                taps: self.taps,
+                k,
+            };
+            let out = TileRows {
+                cols: &mut *self.cols,
+                ld: self.ld,
+            };
+            channel_lanes::interpolate_tap(b, self.image, rows, &tap, self.len, out);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The compute kernels of the fast path: column gathers (dense im2col; the deformable bilinear
-//! gather, per pixel in `gather` or, for `f32` on AVX-512, 16 channels at a time from
-//! pixel-major images in `channel_gather` / `pixel_major`, with its table built by
-//! `locate_avx512`), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the
+//! gather, per pixel in `gather` or a vector of channels at a time from pixel-major images
+//! (`pixel_major`): tuned for `f32` on AVX-512 in `channel_gather`, with its table built by
+//! `locate_avx512`, and written once over the backend's vectors in `channel_lanes`), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the
 //! backward's sampling table (`taps`), atomic-free col2im scatter (`col2im`) and coordinate /
 //! mask gradients (`coord`), or, for `f32` on AVX-512, both fused on pixel-major planes 16
 //! channels per vector (`channel_backward`).
@@ -33,6 +33,7 @@ pub(crate) mod backend;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod channel_backward;
 pub(crate) mod channel_gather;
+pub(crate) mod channel_lanes;
 pub(crate) mod col2im;
 pub(crate) mod columns;
 pub(crate) mod coord;
@@ -106,7 +107,7 @@ pub(crate) struct TileRows<'a, T> {
 /// (`out.ld >= len`; see the module docs for the layout, which is the case `ld = len`), by
 /// the deformable gather when `src` has offsets and by the dense im2col otherwise. A forward
 /// tile spanning several images fills one such block per image, side by side in a buffer of
-/// row stride `ld`. `images` (deformable `f32` only) holds `span.image` pixel-major, for the
+/// row stride `ld`. `images` (deformable only) holds `span.image` pixel-major, for the
 /// channel-vectorised gather.
 #[inline]
 pub(crate) fn fill_columns<T: crate::Float>(
@@ -114,7 +115,7 @@ pub(crate) fn fill_columns<T: crate::Float>(
     span: TileSpan,
     out: TileRows<'_, T>,
     scratch: &mut gather::SampleTable<T>,
-    images: Option<&pixel_major::PixelMajor>,
+    images: Option<&pixel_major::PixelMajor<T>>,
 ) {
     match src.offset {
         Some(offset) => gather::gather_columns(src, offset, span, out, scratch, images),

@@ -1,9 +1,9 @@
 //! Images copied to pixel-major order for the channel-vectorised deformable gather
-//! ([`super::channel_gather`]).
+//! ([`super::channel_gather`], [`super::channel_lanes`]), in `f32` or `f64`.
 //!
-//! An NCHW image keeps each channel's plane contiguous, so the 16 channels of one bilinear
-//! corner are 16 scattered loads (a hardware gather). Pixel-major, `[H*W + 1][C_in]`, puts the
-//! channels of a pixel side by side: one corner of 16 channels is one vector load. The copy
+//! An NCHW image keeps each channel's plane contiguous, so the `N` channels of one bilinear
+//! corner are `N` scattered loads (a hardware gather). Pixel-major, `[H*W + 1][C_in]`, puts the
+//! channels of a pixel side by side: one corner of `N` channels is one vector load. The copy
 //! costs one pass over the input per call; it is made for as many images at a time as fit
 //! [`PIXEL_MAJOR_BUDGET_BYTES`], so it does not grow with the batch (and images larger than
 //! that are not copied at all: the forward then uses the per-pixel gather).
@@ -11,6 +11,8 @@
 //! The extra last pixel is all zeros: a corner outside the image reads it, so the gather has
 //! no branch per corner, and an infinite pixel inside the image never meets an outside corner.
 
+use super::backend::Element;
+use crate::Float;
 use rayon::prelude::*;
 
 /// Most bytes of pixel-major copies held at once.
@@ -21,22 +23,34 @@ const COPY_PIXELS: usize = 256;
 
 /// Images `first .. first + count` of a batch in pixel-major order: image `n`'s pixel `p`,
 /// channel `c` at `image(n)[p * channels + c]`, with pixel `H*W` (the zero pixel) all zeros.
-#[derive(Debug, Default)]
-pub(crate) struct PixelMajor {
-    data: Vec<f32>,
+#[derive(Debug)]
+pub(crate) struct PixelMajor<T: Float> {
+    data: Vec<T>,
     first: usize,
     count: usize,
     channels: usize,
     pixels: usize,
 }
 
-impl PixelMajor {
+impl<T: Float> Default for PixelMajor<T> {
+    fn default() -> Self {
+        PixelMajor {
+            data: Vec::new(),
+            first: 0,
+            count: 0,
+            channels: 0,
+            pixels: 0,
+        }
+    }
+}
+
+impl<T: Float> PixelMajor<T> {
     /// Images of `channels x pixels` (+1 zero pixel) per [`PIXEL_MAJOR_BUDGET_BYTES`]; 0 when
     /// one image does not fit.
     pub(crate) fn images_per_chunk(channels: usize, pixels: usize) -> usize {
         let bytes = (pixels + 1)
             .saturating_mul(channels)
-            .saturating_mul(4)
+            .saturating_mul(std::mem::size_of::<T>())
             .max(1);
         #[cfg(test)]
         let budget = match tests::BUDGET_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
@@ -53,7 +67,7 @@ impl PixelMajor {
     /// it is split does not matter.
     pub(crate) fn fill(
         &mut self,
-        input: &[f32],
+        input: &[T],
         first: usize,
         count: usize,
         channels: usize,
@@ -68,7 +82,7 @@ impl PixelMajor {
         if self.data.capacity() < count * per_image {
             self.data = crate::scratch::take_empty(count * per_image);
         }
-        self.data.resize(count * per_image, 0.0);
+        self.data.resize(count * per_image, T::ZERO);
         if per_image == 0 {
             return;
         }
@@ -79,7 +93,7 @@ impl PixelMajor {
             .for_each(|(i, dst)| {
                 let src = &input[(first + i) * channels * pixels..][..channels * pixels];
                 let (body, zero) = dst.split_at_mut(pixels * channels);
-                zero.fill(0.0);
+                zero.fill(T::ZERO);
                 body.par_chunks_mut(chunk)
                     .enumerate()
                     .for_each(|(b, rows)| {
@@ -89,7 +103,7 @@ impl PixelMajor {
     }
 
     /// Image `n` (of the batch) pixel-major.
-    pub(crate) fn image(&self, n: usize) -> PixelImage<'_> {
+    pub(crate) fn image(&self, n: usize) -> PixelImage<'_, T> {
         debug_assert!(n >= self.first && n < self.first + self.count);
         let per_image = (self.pixels + 1) * self.channels;
         PixelImage {
@@ -102,16 +116,27 @@ impl PixelMajor {
 
 /// One image pixel-major: channel `c` of pixel `p` at `values[p * channels + c]`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct PixelImage<'a> {
+pub(crate) struct PixelImage<'a, T> {
     /// `(zero_pixel + 1) * channels` values.
-    pub values: &'a [f32],
+    pub values: &'a [T],
     /// Channels per pixel (the image's `C_in`).
     pub channels: usize,
     /// The pixel after the image's `H * W`, all zeros (read for a missing corner).
     pub zero_pixel: usize,
 }
 
-impl Drop for PixelMajor {
+impl<'a, T: Element> PixelImage<'a, T> {
+    /// The image as an `f32` image, when `T` is `f32`.
+    pub(crate) fn as_f32(self) -> Option<PixelImage<'a, f32>> {
+        Some(PixelImage {
+            values: T::as_f32(self.values)?,
+            channels: self.channels,
+            zero_pixel: self.zero_pixel,
+        })
+    }
+}
+
+impl<T: Float> Drop for PixelMajor<T> {
     /// The storage goes back to this thread's scratch cache.
     fn drop(&mut self) {
         crate::scratch::give(std::mem::take(&mut self.data));
@@ -120,23 +145,30 @@ impl Drop for PixelMajor {
 
 /// `rows[(p - p0) * channels + c] = src[c * pixels + p]` for the pixels `p0 ..` that `rows`
 /// holds (`rows.len()` is a multiple of `channels`).
-fn transpose_block(src: &[f32], channels: usize, pixels: usize, p0: usize, rows: &mut [f32]) {
+fn transpose_block<T: Element>(
+    src: &[T],
+    channels: usize,
+    pixels: usize,
+    p0: usize,
+    rows: &mut [T],
+) {
     let count = rows.len() / channels;
     debug_assert!(p0 + count <= pixels && src.len() >= channels * pixels);
     to_pixel_major(&src[p0..], channels, pixels, count, rows);
 }
 
 /// `dst[q * channels + c] = src[c * stride + q]` for `q < count`, `c < channels`: `count`
-/// pixels of channel-major planes (`stride` apart) to pixel-major rows.
+/// pixels of channel-major planes (`stride` apart) to pixel-major rows (in registers for `f32`
+/// on AVX-512, element by element otherwise).
 ///
 /// # Panics
 /// If `src` or `dst` is too short.
-pub(crate) fn to_pixel_major(
-    src: &[f32],
+pub(crate) fn to_pixel_major<T: Element>(
+    src: &[T],
     channels: usize,
     stride: usize,
     count: usize,
-    dst: &mut [f32],
+    dst: &mut [T],
 ) {
     if channels == 0 || count == 0 {
         return;
@@ -144,9 +176,11 @@ pub(crate) fn to_pixel_major(
     assert!(src.len() >= (channels - 1) * stride + count && dst.len() >= count * channels);
     #[cfg(target_arch = "x86_64")]
     if super::lanes::isa() == super::lanes::Isa::Avx512 {
-        // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
-        unsafe { x86::transpose(src, stride, dst, channels, channels, count) };
-        return;
+        if let (Some(s), Some(d)) = (T::as_f32(src), T::as_f32_mut(dst)) {
+            // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
+            unsafe { x86::transpose(s, stride, d, channels, channels, count) };
+            return;
+        }
     }
     for (q, row) in dst.chunks_exact_mut(channels).take(count).enumerate() {
         for (c, v) in row.iter_mut().enumerate() {

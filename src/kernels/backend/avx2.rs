@@ -151,6 +151,39 @@ impl Lanes<f32, Avx2> for F32x8 {
     }
     const GEMM_ROWS: usize = 6;
     const GEMM_VECTORS: usize = 2;
+    /// 8 x 8 in three rounds of 8 shuffles: 32-bit interleaves of row pairs, 64-bit picks of
+    /// those pairs (4 x 4 blocks inside each 128-bit half), then 128-bit halves swapped.
+    #[inline(always)]
+    fn transpose(_: Avx2, rows: &mut [Self]) {
+        let r: &mut [Self; 8] = rows.try_into().expect("8 rows");
+        // SAFETY: AVX2 (a value exists).
+        unsafe {
+            let t: [__m256; 8] = std::array::from_fn(|i| {
+                let (a, b) = (r[i / 2 * 2].0, r[i / 2 * 2 + 1].0);
+                // t[2j]: rows 2j, 2j+1 interleaved from lanes 0, 1 of each half; t[2j+1]: 2, 3.
+                if i % 2 == 0 {
+                    _mm256_unpacklo_ps(a, b)
+                } else {
+                    _mm256_unpackhi_ps(a, b)
+                }
+            });
+            // u[4h + m]: column m (of each half) of rows 4h .. 4h + 3.
+            let u = [
+                _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+            ];
+            for m in 0..4 {
+                r[m] = F32x8(_mm256_permute2f128_ps::<0x20>(u[m], u[4 + m]));
+                r[4 + m] = F32x8(_mm256_permute2f128_ps::<0x31>(u[m], u[4 + m]));
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn gather(_: Avx2, base: &[f32], idx: &[i32]) -> Self {
         assert!(idx.len() >= 8);
@@ -241,6 +274,26 @@ impl Lanes<f64, Avx2> for F64x4 {
     }
     const GEMM_ROWS: usize = 6;
     const GEMM_VECTORS: usize = 2;
+    /// 4 x 4 in two rounds of 4 shuffles: 64-bit interleaves of row pairs, then 128-bit halves
+    /// swapped.
+    #[inline(always)]
+    fn transpose(_: Avx2, rows: &mut [Self]) {
+        let r: &mut [Self; 4] = rows.try_into().expect("4 rows");
+        // SAFETY: AVX2 (a value exists).
+        unsafe {
+            // t[2j]: lanes 0 and 2 of rows 2j, 2j + 1; t[2j + 1]: lanes 1 and 3.
+            let t = [
+                _mm256_unpacklo_pd(r[0].0, r[1].0),
+                _mm256_unpackhi_pd(r[0].0, r[1].0),
+                _mm256_unpacklo_pd(r[2].0, r[3].0),
+                _mm256_unpackhi_pd(r[2].0, r[3].0),
+            ];
+            r[0] = F64x4(_mm256_permute2f128_pd::<0x20>(t[0], t[2]));
+            r[1] = F64x4(_mm256_permute2f128_pd::<0x20>(t[1], t[3]));
+            r[2] = F64x4(_mm256_permute2f128_pd::<0x31>(t[0], t[2]));
+            r[3] = F64x4(_mm256_permute2f128_pd::<0x31>(t[1], t[3]));
+        }
+    }
     #[inline(always)]
     unsafe fn gather(_: Avx2, base: &[f64], idx: &[i32]) -> Self {
         assert!(idx.len() >= 4);

@@ -162,6 +162,15 @@ impl Lanes<f32, Avx512> for F32x16 {
             unsafe { _mm512_storeu_ps(dst.as_mut_ptr().add(k * ld), *v) };
         }
     }
+    /// 16 x 16 by [`crate::kernels::transpose::transpose16`].
+    #[inline(always)]
+    fn transpose(_: Avx512, rows: &mut [Self]) {
+        let r: &mut [Self; 16] = rows.try_into().expect("16 rows");
+        let mut block = r.map(|v| v.0);
+        // SAFETY: AVX-512F (a value exists).
+        unsafe { crate::kernels::transpose::transpose16(&mut block) };
+        *r = block.map(F32x16);
+    }
     #[inline(always)]
     unsafe fn gather(b: Avx512, base: &[f32], idx: &[i32]) -> Self {
         assert!(idx.len() >= 16);
@@ -251,6 +260,43 @@ impl Lanes<f64, Avx512> for F64x8 {
     }
     const GEMM_ROWS: usize = 8;
     const GEMM_VECTORS: usize = 3;
+    /// 8 x 8 in three rounds of 8 shuffles: 64-bit interleaves of row pairs, two-source
+    /// permutes of 128-bit pairs (4 x 4 blocks inside each 256-bit half), then 256-bit halves
+    /// swapped.
+    #[inline(always)]
+    fn transpose(_: Avx512, rows: &mut [Self]) {
+        let r: &mut [Self; 8] = rows.try_into().expect("8 rows");
+        // SAFETY: AVX-512F (a value exists).
+        unsafe {
+            // t[2j]: even lanes of rows 2j, 2j + 1 interleaved; t[2j + 1]: the odd lanes.
+            let t: [__m512d; 8] = std::array::from_fn(|i| {
+                let (a, b) = (r[i / 2 * 2].0, r[i / 2 * 2 + 1].0);
+                if i % 2 == 0 {
+                    _mm512_unpacklo_pd(a, b)
+                } else {
+                    _mm512_unpackhi_pd(a, b)
+                }
+            });
+            // Columns {0, 4} ({2, 6}) of four rows from the even (odd) pairs of 128-bit lanes.
+            let even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+            let odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+            // u[m], rows 0-3, and u[4 + m], rows 4-7: columns c and c + 4 for c = [0, 2, 1, 3][m].
+            let u = [
+                _mm512_permutex2var_pd(t[0], even, t[2]),
+                _mm512_permutex2var_pd(t[0], odd, t[2]),
+                _mm512_permutex2var_pd(t[1], even, t[3]),
+                _mm512_permutex2var_pd(t[1], odd, t[3]),
+                _mm512_permutex2var_pd(t[4], even, t[6]),
+                _mm512_permutex2var_pd(t[4], odd, t[6]),
+                _mm512_permutex2var_pd(t[5], even, t[7]),
+                _mm512_permutex2var_pd(t[5], odd, t[7]),
+            ];
+            for (m, c) in [0, 2, 1, 3].into_iter().enumerate() {
+                r[c] = F64x8(_mm512_shuffle_f64x2::<0x44>(u[m], u[4 + m]));
+                r[c + 4] = F64x8(_mm512_shuffle_f64x2::<0xEE>(u[m], u[4 + m]));
+            }
+        }
+    }
     #[inline(always)]
     unsafe fn gather(b: Avx512, base: &[f64], idx: &[i32]) -> Self {
         assert!(idx.len() >= 8);

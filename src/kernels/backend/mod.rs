@@ -167,6 +167,27 @@ pub trait Lanes<T: Copy + Default, B: Backend>: Copy {
     /// As for [`Lanes::gather`].
     unsafe fn gather_partial(b: B, base: &[T], idx: &[i32]) -> Self;
 
+    /// Transposes the `N x N` block `rows` (row `i` = `rows[i]`, `rows.len() == N`, checked)
+    /// in place: afterwards `rows[j]` lane `i` is what was `rows[i]` lane `j`. It only moves
+    /// values, so it is exact. Through memory, element by element, unless a backend has
+    /// register shuffles.
+    #[inline(always)]
+    fn transpose(b: B, rows: &mut [Self]) {
+        let n = Self::N;
+        assert!(rows.len() == n && n <= 16);
+        let mut block = [T::default(); 256];
+        for (i, r) in rows.iter().enumerate() {
+            r.store(&mut block[i * n..][..n]);
+        }
+        for (j, r) in rows.iter_mut().enumerate() {
+            let mut column = [T::default(); 16];
+            for (i, v) in column[..n].iter_mut().enumerate() {
+                *v = block[i * n + j];
+            }
+            *r = Self::load(b, &column[..n]);
+        }
+    }
+
     /// Rows of the GEMM's register block ([`crate::kernels::gemm`]).
     const GEMM_ROWS: usize;
     /// Vectors of columns of the GEMM's register block: `GEMM_ROWS * GEMM_VECTORS`

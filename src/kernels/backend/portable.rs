@@ -33,7 +33,7 @@ impl Backend for Portable {
 }
 
 macro_rules! wide_lanes {
-    ($v:ty, $t:ty, $n:literal) => {
+    ($v:ty, $t:ty, $n:literal, $transpose:expr) => {
         impl Lanes<$t, Portable> for $v {
             const N: usize = $n;
 
@@ -82,6 +82,11 @@ macro_rules! wide_lanes {
             const GEMM_ROWS: usize = 6;
             const GEMM_VECTORS: usize = 1;
             #[inline(always)]
+            fn transpose(_: Portable, rows: &mut [Self]) {
+                let r: &mut [Self; $n] = rows.try_into().expect("N rows");
+                *r = $transpose(*r);
+            }
+            #[inline(always)]
             unsafe fn gather(_: Portable, base: &[$t], idx: &[i32]) -> Self {
                 let idx: &[i32; $n] = idx[..$n].try_into().unwrap();
                 // SAFETY: the caller's contract.
@@ -124,5 +129,13 @@ unsafe fn gather_lanes<T: Copy + Default, const N: usize>(base: &[T], idx: &[i32
     lanes
 }
 
-wide_lanes!(f32x8, f32, 8);
-wide_lanes!(f64x4, f64, 4);
+wide_lanes!(f32x8, f32, 8, f32x8::transpose);
+wide_lanes!(f64x4, f64, 4, transpose_f64x4);
+
+/// The 4 x 4 transpose of `f64x4` rows, through their arrays (`wide` has no `f64x4`
+/// transpose).
+#[inline(always)]
+fn transpose_f64x4(rows: [f64x4; 4]) -> [f64x4; 4] {
+    let a = rows.map(|r| r.to_array());
+    std::array::from_fn(|j| f64x4::new([a[0][j], a[1][j], a[2][j], a[3][j]]))
+}

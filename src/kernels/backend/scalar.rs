@@ -76,6 +76,11 @@ macro_rules! one_lane {
             }
             const GEMM_ROWS: usize = 4;
             const GEMM_VECTORS: usize = 4;
+            /// A 1 x 1 block is its own transpose.
+            #[inline(always)]
+            fn transpose(_: Scalar, rows: &mut [Self]) {
+                assert_eq!(rows.len(), 1);
+            }
             #[inline(always)]
             unsafe fn gather(_: Scalar, base: &[$t], idx: &[i32]) -> Self {
                 let i = idx[0];

@@ -68,6 +68,8 @@ per_backend!(
     interpolate_f64,
     lanes_f32,
     lanes_f64,
+    transpose_f32,
+    transpose_f64,
     dispatch_reaches_backend
 );
 
@@ -293,6 +295,56 @@ fn lanes_f32<B: Backend>(b: B) {
 
 fn lanes_f64<B: Backend>(b: B) {
     check_lanes::<B, f64>(b);
+}
+
+/// [`Lanes::transpose`] moves lane `j` of row `i` to lane `i` of row `j`, bit for bit (NaN
+/// payloads, signed zeros and infinities included), and a second transpose restores the block.
+fn check_transpose<B: Backend, T: Float>(b: B) {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let name = B::ISA.name();
+    let mut next = test_stream(23);
+    let mut values: Vec<T> = (0..n * n)
+        .map(|_| T::from_f64(f64::from(next()) - 0.5))
+        .collect();
+    let specials = [f64::NAN, -0.0, f64::INFINITY, f64::NEG_INFINITY];
+    for (v, s) in values.iter_mut().step_by(3).zip(specials) {
+        *v = T::from_f64(s);
+    }
+    let bits = |v: T| v.to_f64().to_bits();
+    let mut rows: Vec<T::V<B>> = values
+        .chunks_exact(n)
+        .map(|r| T::V::<B>::load(b, r))
+        .collect();
+    T::V::<B>::transpose(b, &mut rows);
+    let mut got = vec![T::ZERO; n * n];
+    for (j, r) in rows.iter().enumerate() {
+        r.store(&mut got[j * n..][..n]);
+    }
+    for i in 0..n {
+        for j in 0..n {
+            assert_eq!(
+                bits(got[j * n + i]),
+                bits(values[i * n + j]),
+                "{name} ({i}, {j})"
+            );
+        }
+    }
+    T::V::<B>::transpose(b, &mut rows);
+    for (i, r) in rows.iter().enumerate() {
+        r.store(&mut got[i * n..][..n]);
+    }
+    assert!(
+        got.iter().zip(&values).all(|(&g, &v)| bits(g) == bits(v)),
+        "{name} twice"
+    );
+}
+
+fn transpose_f32<B: Backend>(b: B) {
+    check_transpose::<B, f32>(b);
+}
+
+fn transpose_f64<B: Backend>(b: B) {
+    check_transpose::<B, f64>(b);
 }
 
 /// `vectorize` runs the operation with the backend it was called on.

@@ -1,0 +1,180 @@
+//! The channel gather ([`super::channel_gather`]) written once over the backend's vectors
+//! ([`super::backend`]), for `f32` and `f64`: for one tap and `N` output pixels (`N` lanes of
+//! the backend's vector), each pixel's sample is interpolated for `N` channels at once from
+//! the pixel-major image ([`super::pixel_major`]), one plain vector load per corner, and the
+//! `N x N` block (pixels x channels) is transposed in registers ([`Lanes::transpose`]) into
+//! `N` rows of the column tile.
+//!
+//! The per-pixel gather ([`super::lanes::interpolate`]) needs a gather per corner: hardware on
+//! AVX2 / AVX-512, `N` scalar loads on the portable and scalar backends. Here a corner of `N`
+//! channels is one load, whatever the backend.
+//!
+//! Arithmetic, per lane: `v = m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate
+//! multiplies and adds, the operands in the order of [`super::lanes::interpolate`], so the
+//! column tile is bit for bit the per-pixel gather's. A corner with no index reads the image's
+//! zero pixel, as the per-pixel gather reads 0.
+
+use super::backend::{Backend, Element, Isa, Lanes};
+use super::channel_gather::ChannelRows;
+use super::lanes::TapRow;
+use super::pixel_major::PixelImage;
+use super::TileRows;
+
+/// Whether the forward runs this kernel instead of the per-pixel gather on backend `isa` for
+/// element `T` (the AVX-512 `f32` case has its own tuned kernel, [`super::channel_gather`]):
+/// where it measured faster, every vector backend in `f32` and `f64`; not the scalar one, where
+/// both gathers are one value at a time and the copy to pixel-major did not pay.
+///
+/// Deformable forward in ms, per-pixel gather (main's binary) -> this kernel, min of runs
+/// alternating the two binaries in one sitting, Intel Xeon with AVX-512, 2 threads:
+/// `ITERS=10 DEFORMCONV_ISA=<cap> target/release/examples/isa_probe W1 W2 W4` (2 sittings x 2
+/// rounds; f32 also `fwd_probe`, 6 rounds, same picture):
+///
+/// ```text
+///                 W1            W2             W4
+/// avx2 f32       1.01 -> 1.00  26.00 -> 22.83   58.52 -> 56.08
+/// avx2 f64       1.39 -> 1.40  48.90 -> 47.59  130.95 -> 127.43
+/// portable f32   2.24 -> 2.27  32.05 -> 24.79   68.92 -> 60.54
+/// portable f64   2.65 -> 2.54  53.61 -> 49.19  139.11 -> 135.28
+/// avx512 f64     1.25 -> 1.32  37.73 -> 36.77  100.08 -> 91.99   (default cap, 3 sittings)
+/// scalar f32     2.36 -> 2.45  27.09 -> 25.91   72.48 -> 71.87   (not switched)
+/// scalar f64     2.57 -> 2.68  50.62 -> 50.09  139.20 -> 136.73  (not switched)
+/// ```
+///
+/// The gains are the gather's share only: the GEMM is matrixmultiply's under every cap (with
+/// its own AVX-512 kernels on this host) and the sampling table build is unchanged (on W1 it
+/// and the GEMM are nearly all the time: the gather was ~39% of the AVX2 W1 profile). W1 (8
+/// channels, one vector of them) gains nothing and AVX-512 f64 loses ~5% there (noisy at
+/// ~1 ms); W2 and W4 decide.
+pub(crate) fn replaces_pixel_gather<T: Element>(isa: Isa) -> bool {
+    match isa {
+        Isa::Scalar => false,
+        Isa::Portable | Isa::Avx2 => true,
+        Isa::Avx512 => !T::IS_F32,
+    }
+}
+
+/// Vectors held for one part of the channels: `blocks x N` vectors, one per channel block and
+/// pixel, so a pixel's corner rows are read front to back over the part's channels before the
+/// next pixel's (as the AVX-512 kernel does).
+const STAGE: usize = 256;
+
+/// The rows `rows` of the column tile, for `q < len`:
+/// `out.cols[((c - first) * taps + k) * out.ld + q] = m * B(channel c, sample (k, q))`,
+/// `N = T::V::<B>::N` pixels a block.
+///
+/// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k`
+/// (non-negative indices below `image.zero_pixel`, checked in debug builds). Mark the caller
+/// `#[inline(always)]` under the backend's `vectorize`.
+///
+/// # Panics
+/// If the channels lie outside the image or the rows outside the column tile, or a table row
+/// is shorter than `len`.
+#[inline(always)]
+pub(crate) fn interpolate_tap<B: Backend, T: Element>(
+    b: B,
+    image: PixelImage<'_, T>,
+    rows: ChannelRows,
+    tap: &TapRow<'_, T>,
+    len: usize,
+    out: TileRows<'_, T>,
+) {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let PixelImage {
+        values,
+        channels: c_in,
+        zero_pixel,
+    } = image;
+    let channels = rows.channels.clone();
+    assert!(
+        values.len() >= (zero_pixel + 1) * c_in
+            && channels.end <= c_in
+            && channels.start >= rows.first,
+        "channel gather outside its image"
+    );
+    let TileRows { cols, ld } = out;
+    assert!(
+        channels.is_empty() || cols.len() >= rows.row(channels.end - 1) * ld + len && len <= ld,
+        "channel gather outside its column tile"
+    );
+    assert!(tap.index.iter().all(|i| i.len() >= len) && tap.weight.iter().all(|w| w.len() >= len));
+    assert!(tap.mask.is_none_or(|m| m.len() >= len));
+    assert!(n <= 16);
+    debug_assert!(tap
+        .index
+        .iter()
+        .all(|i| i[..len].iter().all(|&v| v < 0 || (v as usize) < zero_pixel)));
+    let zero = T::V::<B>::splat(b, T::default());
+    // stage[block * N + p]: channel block `block` of pixel `p`. Entries past the current
+    // pixels hold earlier values; their lanes are never stored.
+    let mut stage = [zero; STAGE];
+    let mut block = [zero; 16];
+    let part_channels = STAGE / n * n;
+    let mut part = channels.start;
+    while part < channels.end {
+        let part_end = channels.end.min(part + part_channels);
+        let blocks = (part_end - part).div_ceil(n);
+        for q0 in (0..len).step_by(n) {
+            let pw = n.min(len - q0);
+            for p in 0..pw {
+                let q = q0 + p;
+                // The element offset of each corner's pixel (the zero pixel for no corner).
+                let mut at = [0usize; 4];
+                let mut w = [zero; 4];
+                for (t, (a, wt)) in at.iter_mut().zip(&mut w).enumerate() {
+                    let i = tap.index[t][q];
+                    *a = if i < 0 { zero_pixel } else { i as usize } * c_in;
+                    *wt = T::V::<B>::splat(b, tap.weight[t][q]);
+                }
+                let m = tap.mask.map(|m| T::V::<B>::splat(b, m[q]));
+                for k in 0..blocks {
+                    let c0 = part + k * n;
+                    let cw = n.min(part_end - c0);
+                    // Macro, not closure: a closure left out of line loses the backend's features.
+                    macro_rules! corner {
+                        ($t:expr) => {{
+                            debug_assert!(at[$t] + c0 + cw <= values.len());
+                            let from = at[$t] + c0;
+                            // SAFETY: the pixel is at most zero_pixel and channels c0 .. c0 + cw
+                            // lie below channels.end <= c_in, so the values lie in the image
+                            // ((zero_pixel + 1) * c_in values, asserted).
+                            let corner = unsafe { values.get_unchecked(from..from + cw) };
+                            if cw == n {
+                                T::V::<B>::load(b, corner)
+                            } else {
+                                T::V::<B>::load_partial(b, corner)
+                            }
+                        }};
+                    }
+                    let mut acc = w[0].mul(corner!(0));
+                    acc = acc.add(w[1].mul(corner!(1)));
+                    acc = acc.add(w[2].mul(corner!(2)));
+                    acc = acc.add(w[3].mul(corner!(3)));
+                    if let Some(m) = m {
+                        acc = m.mul(acc);
+                    }
+                    stage[k * n + p] = acc;
+                }
+            }
+            for k in 0..blocks {
+                let c0 = part + k * n;
+                let cw = n.min(part_end - c0);
+                block[..n].copy_from_slice(&stage[k * n..][..n]);
+                T::V::<B>::transpose(b, &mut block[..n]);
+                for (ci, v) in block[..cw].iter().enumerate() {
+                    let at = rows.row(c0 + ci) * ld + q0;
+                    debug_assert!(at + pw <= cols.len());
+                    // SAFETY: row(c0 + ci) <= row(channels.end - 1) and q0 + pw <= len <= ld,
+                    // so the values lie in `cols` (asserted).
+                    let dst = unsafe { cols.get_unchecked_mut(at..at + pw) };
+                    if pw == n {
+                        v.store(dst);
+                    } else {
+                        v.store_partial(dst);
+                    }
+                }
+            }
+        }
+        part = part_end;
+    }
+}
