@@ -19,7 +19,7 @@ Threads: this module's ops run our kernels on PyTorch's own OpenMP threads (the 
 its operators), as many as ``torch.set_num_threads`` says (`use_openmp`, on from the import). Why: after every parallel PyTorch operator libgomp's idle threads spin for
 milliseconds, and a thread pool of our own would share the cores with them; running on the team
 itself leaves nothing to compete. Seed 001's training step (2 cores, ``benches/torch_bench.py``):
-8.61 ms instead of 10.89 ms on deformconv's own pool, against 5.24 ms for the dense network.
+7.98 ms instead of 9.33 ms on deformconv's own pool, against 4.93 ms for the dense network.
 ``use_openmp(False)`` goes back to deformconv's rayon pool (`deformconv.set_num_threads`). Results
 are bitwise the same either way, and for any thread count.
 """
