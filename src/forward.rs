@@ -150,6 +150,23 @@ struct Operands<'a, T> {
     bias: Option<ArrayView1<'a, T>>,
 }
 
+impl<'a, T> Operands<'a, T> {
+    /// The operands of a dense convolution: no offset, no mask.
+    fn dense(
+        input: ArrayView4<'a, T>,
+        weight: ArrayView4<'a, T>,
+        bias: Option<ArrayView1<'a, T>>,
+    ) -> Self {
+        Operands {
+            input,
+            offset: None,
+            mask: None,
+            weight,
+            bias,
+        }
+    }
+}
+
 /// The shared driver: validated operands in, every element of `out` overwritten.
 fn run<T: Float>(
     geo: &Geometry,
@@ -464,13 +481,7 @@ pub fn conv2d<T: Float>(
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
     let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
-    let ops = Operands {
-        input,
-        offset: None,
-        mask: None,
-        weight,
-        bias,
-    };
+    let ops = Operands::dense(input, weight, bias);
     run(&geo, params.convention, ops, out.view_mut(), false)?;
     Ok(out)
 }
@@ -510,15 +521,8 @@ fn dense_into<T: Float>(
     gemm_only: bool,
 ) -> Result<()> {
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
-    let convention = params.convention;
-    let ops = Operands {
-        input,
-        offset: None,
-        mask: None,
-        weight,
-        bias,
-    };
-    run(&geo, convention, ops, out, gemm_only)
+    let ops = Operands::dense(input, weight, bias);
+    run(&geo, params.convention, ops, out, gemm_only)
 }
 
 #[cfg(test)]

@@ -316,6 +316,38 @@ pub(crate) fn gather_columns<T: Float>(
     table: &mut SampleTable<T>,
     images: Option<&PixelMajor<T>>,
 ) {
+    gather_with::<T, true>(src, offset, span, out, table, images, |t| {
+        backend::dispatch(t)
+    });
+}
+
+/// [`gather_columns`] with `images` by the generic channel gather on backend `b`, whatever
+/// [`backend::isa`] is (for the tests of every backend).
+#[cfg(test)]
+pub(crate) fn channel_columns_on<B: Backend, T: Float>(
+    b: B,
+    src: &Source<'_, T>,
+    offset: &[T],
+    span: TileSpan,
+    out: TileRows<'_, T>,
+    table: &mut SampleTable<T>,
+    images: &PixelMajor<T>,
+) {
+    gather_with::<T, false>(src, offset, span, out, table, Some(images), |taps| {
+        b.vectorize(taps)
+    });
+}
+
+/// [`gather_columns`]' loop; `TUNED`: may use the AVX-512 `f32` kernel; `generic`: ChannelTaps.
+fn gather_with<T: Float, const TUNED: bool>(
+    src: &Source<'_, T>,
+    offset: &[T],
+    span: TileSpan,
+    out: TileRows<'_, T>,
+    table: &mut SampleTable<T>,
+    images: Option<&PixelMajor<T>>,
+    mut generic: impl FnMut(ChannelTaps<'_, T>),
+) {
     let TileSpan {
         image,
         group,
@@ -338,7 +370,7 @@ pub(crate) fn gather_columns<T: Float>(
         table.build(src, offset, image, og, start, len);
         // The tuned AVX-512 `f32` kernel where it runs, else the generic one.
         let tuned_image = images
-            .filter(|_| backend::isa() == backend::Isa::Avx512)
+            .filter(|_| TUNED && backend::isa() == backend::Isa::Avx512)
             .and_then(|images| images.image(image).as_f32());
         if let (Some(pixel_image), Some(table), Some(cols)) =
             (tuned_image, table.view_f32(), T::as_f32_mut(&mut *cols))
@@ -361,7 +393,7 @@ pub(crate) fn gather_columns<T: Float>(
             continue;
         }
         if let Some(images) = images {
-            backend::dispatch(ChannelTaps {
+            generic(ChannelTaps {
                 table: table.view(),
                 image: images.image(image),
                 channels: c..chunk_end,
@@ -424,42 +456,6 @@ impl<T: Float> WithBackend for Rows<'_, T> {
                 unsafe { lanes::interpolate(b, plane, &tap, row) };
             }
         }
-    }
-}
-
-/// [`gather_columns`] with `images` by the generic channel gather on backend `b`, whatever
-/// [`backend::isa`] is (for the tests of every backend).
-#[cfg(test)]
-pub(crate) fn channel_columns_on<B: Backend, T: Float>(
-    b: B,
-    src: &Source<'_, T>,
-    offset: &[T],
-    span: TileSpan,
-    out: TileRows<'_, T>,
-    table: &mut SampleTable<T>,
-    images: &PixelMajor<T>,
-) {
-    let TileRows { cols, ld } = out;
-    let g = src.geo;
-    let (cg, per_og) = (g.c_in_per_group(), g.c_per_offset_group());
-    let (c_lo, c_hi) = (span.group * cg, (span.group + 1) * cg);
-    let mut c = c_lo;
-    while c < c_hi {
-        let og = c / per_og;
-        let chunk_end = c_hi.min((og + 1) * per_og);
-        table.build(src, offset, span.image, og, span.start, span.len);
-        b.vectorize(ChannelTaps {
-            table: table.view(),
-            image: images.image(span.image),
-            channels: c..chunk_end,
-            first: c_lo,
-            taps: g.taps(),
-            len: span.len,
-            has_mask: src.mask.is_some(),
-            cols: &mut *cols,
-            ld,
-        });
-        c = chunk_end;
     }
 }
 
