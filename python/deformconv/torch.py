@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 from torch.nn import init
+from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
 from . import _args, _native
@@ -60,16 +61,8 @@ def _out_extent(size, before, after, k, dil, stride):
 # ---------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("deformconv::deform_conv2d", mutates_args=(), device_types="cpu")
-def _deform_conv2d_op(
-    input: Tensor,
-    offset: Tensor,
-    weight: Tensor,
-    mask: Optional[Tensor],
-    bias: Optional[Tensor],
-    params: list[int],
-    convention: str,
-) -> Tensor:
+def _forward_kernel(input, offset, weight, mask, bias, params, convention) -> Tensor:
+    """The forward on our kernels: the custom op's implementation and the eager path's."""
     out = _native.deform_conv2d(
         _np(input),
         _np(offset),
@@ -80,6 +73,35 @@ def _deform_conv2d_op(
         openmp=_openmp,
     )
     return torch.from_numpy(out)
+
+
+def _backward_kernel(grad_out, input, offset, weight, mask, params, convention, needs) -> list:
+    """``[grad_input, grad_offset, grad_mask, grad_weight, grad_bias]``, ``None`` where the
+    ``needs`` flag (same order) is false."""
+    grads = _native.backward(
+        _np(grad_out),
+        _np(input),
+        _np(offset),
+        None if mask is None else _np(mask),
+        _np(weight),
+        (*params, convention),
+        tuple(needs),
+        openmp=_openmp,
+    )
+    return [None if g is None else torch.from_numpy(g) for g in grads]
+
+
+@torch.library.custom_op("deformconv::deform_conv2d", mutates_args=(), device_types="cpu")
+def _deform_conv2d_op(
+    input: Tensor,
+    offset: Tensor,
+    weight: Tensor,
+    mask: Optional[Tensor],
+    bias: Optional[Tensor],
+    params: list[int],
+    convention: str,
+) -> Tensor:
+    return _forward_kernel(input, offset, weight, mask, bias, params, convention)
 
 
 @_deform_conv2d_op.register_fake
@@ -103,17 +125,8 @@ def _deform_conv2d_backward_op(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(grad_input, grad_offset, grad_mask, grad_weight, grad_bias)``; an empty tensor (shape
     ``[0]``) for each gradient whose ``needs`` flag (same order) is false."""
-    grads = _native.backward(
-        _np(grad_out),
-        _np(input),
-        _np(offset),
-        None if mask is None else _np(mask),
-        _np(weight),
-        (*params, convention),
-        tuple(needs),
-        openmp=_openmp,
-    )
-    return tuple(input.new_empty(0) if g is None else torch.from_numpy(g) for g in grads)
+    grads = _backward_kernel(grad_out, input, offset, weight, mask, params, convention, needs)
+    return tuple(input.new_empty(0) if g is None else g for g in grads)
 
 
 @_deform_conv2d_backward_op.register_fake
@@ -139,20 +152,68 @@ def _setup_context(ctx, inputs, output):
     ctx.has_bias = bias is not None
 
 
-def _backward(ctx, grad):
+def _gradients(ctx, grad, backward):
+    """The forward's input gradients from ``backward`` (the backward op, or its kernel on the
+    eager path), computing only those autograd needs."""
     input, offset, weight, mask = ctx.saved_tensors
     gi, go, gw, gm, gb = ctx.needs_input_grad[:5]
     needs = [gi, go, gm and ctx.has_mask, gw, gb and ctx.has_bias]
     if not any(needs):
         return None, None, None, None, None, None, None
-    r = _deform_conv2d_backward_op(grad, input, offset, weight, mask, ctx.params, ctx.convention, needs)
+    r = backward(grad, input, offset, weight, mask, ctx.params, ctx.convention, needs)
     pick = [r[i] if needs[i] else None for i in range(5)]
-    # The op's order is (input, offset, mask, weight, bias); the forward's (input, offset,
-    # weight, mask, bias).
+    # The backward's order is (input, offset, mask, weight, bias); the forward's (input,
+    # offset, weight, mask, bias).
     return pick[0], pick[1], pick[3], pick[2], pick[4], None, None
 
 
+def _backward(ctx, grad):
+    return _gradients(ctx, grad, _deform_conv2d_backward_op)
+
+
 _deform_conv2d_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerDeformConv2d(torch.autograd.Function):
+    """The custom op's forward and backward without PyTorch's dispatcher, for plain eager calls.
+
+    A custom op's call costs about 0.1 ms more than a plain ``autograd.Function`` (argument
+    schema checks, the dispatcher and its Python autograd wrapper): on W1 (seed 001's layer)
+    forward + backward through autograd took 1.15 ms by the op against 1.04 ms this way and
+    0.96 ms for the bare kernels (AMD Zen 5, 2 threads, medians of 400 alternating runs).
+    Same kernels, so the same bits (tested); `deform_conv2d` takes this path only where
+    `_eager` says no tracer, mode or transform could see the difference."""
+
+    @staticmethod
+    def forward(input, offset, weight, mask, bias, params, convention):
+        return _forward_kernel(input, offset, weight, mask, bias, params, convention)
+
+    setup_context = staticmethod(_setup_context)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        return _gradients(ctx, grad, _backward_kernel)
+
+
+_PLAIN = (Tensor, nn.Parameter)
+
+
+def _eager(tensors) -> bool:
+    """Whether a call may skip the custom op: plain tensors (no fake or other subclass), and no
+    ``torch.compile`` / export tracing, ``__torch_function__`` or ``__torch_dispatch__`` mode
+    or functorch transform active. Anything unknown keeps the op (opcheck-tested) path."""
+    if not all(t is None or type(t) in _PLAIN for t in tensors):
+        return False
+    try:
+        return not (
+            torch.compiler.is_compiling()
+            or torch._C._len_torch_function_stack() != 0
+            or torch._C._len_torch_dispatch_stack() != 0
+            or torch._C._are_functorch_transforms_active()
+        )
+    except AttributeError:  # a PyTorch without these queries
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +254,10 @@ def deform_conv2d(
     taps = 2 * weight.shape[2] * weight.shape[3]
     offset_groups = offset.shape[1] // taps if taps else 1
     p = _args.params(stride, padding, dilation, max(groups, 1), max(offset_groups, 1), convention)
-    return _deform_conv2d_op(input, offset, weight, mask, bias, list(p[:10]), p[10])
+    args = (input, offset, weight, mask, bias, list(p[:10]), p[10])
+    if _eager(args[:5]):
+        return _EagerDeformConv2d.apply(*args)
+    return _deform_conv2d_op(*args)
 
 
 class DeformConv2d(nn.Module):
@@ -290,41 +354,27 @@ use_openmp(True)
 
 
 def _tv_params(sh, sw, ph, pw, dh, dw, groups, og):
-    return (sh, sw, ph, ph, pw, pw, dh, dw, groups, og, "torchvision")
+    return [sh, sw, ph, ph, pw, pw, dh, dw, groups, og]
 
 
 def _tv_forward(input, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, og, use_mask):
     for name, t in (("input", input), ("weight", weight), ("offset", offset), ("bias", bias)):
         _check_dtype(t, name)
-    out = _native.deform_conv2d(
-        _np(input),
-        _np(offset),
-        _np(mask) if use_mask else None,
-        _np(weight),
-        _np(bias),
-        _tv_params(sh, sw, ph, pw, dh, dw, groups, og),
-        openmp=_openmp,
-    )
-    return torch.from_numpy(out)
+    params = _tv_params(sh, sw, ph, pw, dh, dw, groups, og)
+    return _forward_kernel(input, offset, weight, mask if use_mask else None, bias, params, "torchvision")
 
 
 def _tv_backward(grad, input, weight, offset, mask, bias, sh, sw, ph, pw, dh, dw, groups, og, use_mask):
     for name, t in (("grad", grad), ("input", input), ("weight", weight), ("offset", offset)):
         _check_dtype(t, name)
-    gi, go, gm, gw, gb = _native.backward(
-        _np(grad),
-        _np(input),
-        _np(offset),
-        _np(mask) if use_mask else None,
-        _np(weight),
-        _tv_params(sh, sw, ph, pw, dh, dw, groups, og),
-        (True, True, bool(use_mask), True, True),
-        openmp=_openmp,
+    params = _tv_params(sh, sw, ph, pw, dh, dw, groups, og)
+    needs = (True, True, bool(use_mask), True, True)
+    gi, go, gm, gw, gb = _backward_kernel(
+        grad, input, offset, weight, mask if use_mask else None, params, "torchvision", needs
     )
-    t = torch.from_numpy
-    grad_mask = t(gm) if use_mask else torch.zeros_like(mask)
+    grad_mask = gm if use_mask else torch.zeros_like(mask)
     # torchvision's order: (input, weight, offset, mask, bias).
-    return t(gi), t(gw), t(go), grad_mask, t(gb)
+    return gi, gw, go, grad_mask, gb
 
 
 class TorchvisionOverride:

@@ -336,3 +336,67 @@ def test_openmp_hosting_gives_the_same_bits_and_errors():
         torch.set_num_threads(torch_threads)
         assert dct.use_openmp(True)
     assert deformconv.get_num_threads() == 2
+
+
+def test_eager_calls_skip_the_dispatcher_with_the_same_bits():
+    """A plain eager call runs the kernels through an ``autograd.Function`` (no dispatcher);
+    the custom op, which tracers and modes see, gives the same bits, forward and every
+    gradient; ``needs_input_grad`` is honoured the same way."""
+    x, off, weight, mask, bias, kw = make(CONFIGS[0], torch.float32)
+    p = list(dct._args.params(kw["stride"], kw["padding"], kw["dilation"], 1, 1, "torchvision")[:10])
+    g = torch.cos(torch.arange(2 * 4 * 6 * 7, dtype=torch.float32)).reshape(2, 4, 6, 7)
+
+    def forward_and_grads(call, needs_grad):
+        leaves = [t.detach().clone().requires_grad_(r) for t, r in zip((x, off, weight, mask, bias), needs_grad)]
+        out = call(*leaves)
+        out.backward(g)
+        return out, [out.detach()] + [t.grad for t in leaves]
+
+    def eager(x, off, weight, mask, bias):
+        return dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+
+    def op(x, off, weight, mask, bias):
+        return dct._deform_conv2d_op(x, off, weight, mask, bias, p, "torchvision")
+
+    for needs_grad in ((True,) * 5, (False, True, True, False, False), (True, False, False, False, True)):
+        out_e, got = forward_and_grads(eager, needs_grad)
+        out_o, want = forward_and_grads(op, needs_grad)
+        assert type(out_e.grad_fn).__name__.startswith("_EagerDeformConv2d")
+        assert "deformconv" in type(out_o.grad_fn).__name__
+        for a, b in zip(got, want):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a, b)
+
+
+def test_modes_and_fake_tensors_see_the_custom_op():
+    """Under a ``__torch_dispatch__`` mode, with fake tensors and under ``make_fx`` the call
+    goes through ``torch.ops.deformconv.deform_conv2d`` (which such tracers record), not the
+    eager shortcut."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x, off, weight, mask, bias, kw = make(CONFIGS[0], torch.float32)
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as rec:
+        out = dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw)
+    assert "deformconv.deform_conv2d.default" in rec.ops
+    assert torch.equal(out, dct.deform_conv2d(x, off, weight, bias, mask=mask, **kw))
+
+    with FakeTensorMode() as mode:
+        fx, foff, fw, fm, fb = (mode.from_tensor(t) for t in (x, off, weight, mask, bias))
+        fake = dct.deform_conv2d(fx, foff, fw, fb, mask=fm, **kw)
+    assert fake.shape == out.shape
+
+    gm = make_fx(lambda *a: dct.deform_conv2d(*a[:4], mask=a[4], **kw))(x, off, weight, bias, mask)
+    assert "deformconv.deform_conv2d" in gm.code
