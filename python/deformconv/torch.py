@@ -11,7 +11,9 @@
 
 The ops are ``torch.ops.deformconv.deform_conv2d`` and ``torch.ops.deformconv.deform_conv2d_backward``
 (CPU only; float32 and float64). They pass ``torch.library.opcheck`` and run under
-``torch.compile``. The backward computes only the gradients autograd asks for
+``torch.compile``; a plain eager call of `deform_conv2d` runs the same kernels through an
+``autograd.Function`` instead, which skips the dispatcher's per-call cost (same bits; what
+``torch.compile``, export, fake tensors, modes and functorch transforms see is the op). The backward computes only the gradients autograd asks for
 (``ctx.needs_input_grad``): an offset branch that is frozen, or an input that needs no gradient,
 costs nothing.
 
