@@ -2,6 +2,8 @@
 //! `cargo run --release --example isa_probe -- W2 W4` prints, per workload, the deformable
 //! forward, the dense forward and the full deformable backward in `f32` and `f64`, in ms and
 //! GFLOP/s. Run it under `DEFORMCONV_ISA=avx512|avx2|portable|scalar` to compare backends.
+//! `DTYPE=f32|f64` runs one element type only; `PARTS=fwd,dense,bwd` (any subset) times only
+//! those parts (the others print as 0).
 
 use deformconv::{conv2d, deform_conv2d, deform_conv2d_backward, Float, Want};
 use ndarray::{Array1, Array4};
@@ -19,6 +21,7 @@ fn best(iters: usize, mut f: impl FnMut()) -> f64 {
             t.elapsed().as_secs_f64()
         })
         .fold(f64::MAX, f64::min)
+        .min(if iters == 0 { 0.0 } else { f64::MAX })
 }
 
 fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
@@ -33,7 +36,10 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
     let bias: Option<Array1<T>> = ops.bias.as_ref().map(|b| b.mapv(|v| T::from_f64(v as f64)));
     let p = wl.params();
     let gflop = wl.flops() / 1e9;
-    let fwd = best(iters, || {
+    let parts = std::env::var("PARTS").unwrap_or_default();
+    let wants = |part: &str| parts.is_empty() || parts.split(',').any(|p| p == part);
+    let iters_of = |part: &str| if wants(part) { iters } else { 0 };
+    let fwd = best(iters_of("fwd"), || {
         let r = deform_conv2d(
             input.view(),
             offset.view(),
@@ -45,7 +51,7 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
         .unwrap();
         std::hint::black_box(r);
     });
-    let dense = best(iters, || {
+    let dense = best(iters_of("dense"), || {
         let r = conv2d(
             input.view(),
             weight.view(),
@@ -55,7 +61,7 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
         .unwrap();
         std::hint::black_box(r);
     });
-    let bwd = best(iters, || {
+    let bwd = best(iters_of("bwd"), || {
         let r = deform_conv2d_backward(
             go.view(),
             input.view(),
@@ -91,7 +97,12 @@ fn main() {
         if !names.is_empty() && !names.iter().any(|n| n == wl.name) {
             continue;
         }
-        run::<f32>(&wl, iters);
-        run::<f64>(&wl, iters);
+        let dtype = std::env::var("DTYPE").unwrap_or_default();
+        if dtype != "f64" {
+            run::<f32>(&wl, iters);
+        }
+        if dtype != "f32" {
+            run::<f64>(&wl, iters);
+        }
     }
 }
