@@ -261,3 +261,78 @@ fn packing_a_follows_its_layout_in_both_read_orders() {
         }
     }
 }
+
+/// Development timing (not a check): the W4 backward's products (channel-major, 512-pixel
+/// tiles) on the process's engine and by one matrixmultiply call, one thread, min of 5:
+/// `DEFORMCONV_ISA=avx2 cargo test --release --lib gemm_shapes_timing -- --ignored --nocapture`.
+/// Build with `MMTEST_FEATURE=avx2,fma` to time matrixmultiply's AVX2 kernel (it picks
+/// AVX-512 by itself on an AVX-512 machine).
+#[test]
+#[ignore]
+fn gemm_shapes_timing() {
+    fn time<T: Float>() {
+        let best = |mut f: Box<dyn FnMut() + '_>| {
+            (0..5)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::MAX, f64::min)
+        };
+        // (name, rows, depth, len, B transposed)
+        for (name, rows, depth, len, bt) in [
+            ("column gradient Wt.gt", 2304, 256, 512, false),
+            ("weight gradient gt.colsT", 256, 512, 2304, true),
+            ("forward W.cols", 256, 2304, 512, false),
+        ] {
+            let a: Vec<T> = values(rows * depth, 37);
+            let b: Vec<T> = values(depth * len, 53);
+            let mut c = vec![T::ZERO; rows * len];
+            let (rs, cs) = if bt { (1, depth) } else { (len, 1) };
+            let mb = MatB { data: &b, rs, cs };
+            let mut packed = PackedA::pack(&a, rows, depth);
+            let mut bp = Vec::new();
+            let gflop = 2.0 * (rows * depth * len) as f64 / 1e9;
+            let ours = best(Box::new(|| {
+                // The weight gradient packs its `A` (the tile's grad_out) per tile.
+                if bt {
+                    packed.repack(&a, rows, depth, depth, 1);
+                }
+                // SAFETY: c is rows x len, b depth x len through its strides.
+                unsafe { multiply(&packed, mb, len, Init::Zero, c.as_mut_ptr(), len, &mut bp) };
+            }));
+            let mm = best(Box::new(|| {
+                // SAFETY: a rows x depth, b depth x len (strides rs, cs), c rows x len.
+                unsafe {
+                    T::gemm(
+                        rows,
+                        depth,
+                        len,
+                        T::ONE,
+                        a.as_ptr(),
+                        depth as isize,
+                        1,
+                        b.as_ptr(),
+                        rs as isize,
+                        cs as isize,
+                        T::ZERO,
+                        c.as_mut_ptr(),
+                        len as isize,
+                        1,
+                    )
+                }
+            }));
+            println!(
+                "{} {name} {rows}x{depth}x{len}: engine {:.2} ms ({:.1} GFLOP/s), matrixmultiply {:.2} ms ({:.1})",
+                T::NAME,
+                ours * 1e3,
+                gflop / ours,
+                mm * 1e3,
+                gflop / mm
+            );
+        }
+    }
+    time::<f32>();
+    time::<f64>();
+}
