@@ -46,6 +46,27 @@ use super::TileRows;
 /// and the GEMM are nearly all the time: the gather was ~39% of the AVX2 W1 profile). W1 (8
 /// channels, one vector of them) gains nothing and AVX-512 f64 loses ~5% there (noisy at
 /// ~1 ms); W2 and W4 decide.
+///
+/// On AMD Zen 5 (full-width AVX-512, 2 threads), per-pixel -> this kernel, forward ms, min
+/// (and median) of runs alternating the two in one binary (`ITERS=60` W1 x 4 rounds, `ITERS=5`
+/// W2 / W4 x 5 rounds, `isa_probe` with `DTYPE` / `PARTS=fwd`):
+///
+/// ```text
+///                 W1 (8 ch)      W2 (128 ch / offset group)   W4 (256 ch)
+/// avx512 f64     0.95 -> 0.77   38.89 (41.22) -> 38.99 (39.52)  71.11 (72.02) -> 72.83 (73.57)
+/// avx2 f32       0.79 -> 0.64
+/// avx2 f64       1.04 -> 0.88
+/// portable f32   1.56 -> 1.50
+/// portable f64   1.81 -> 1.68
+/// scalar f32     1.64 -> 1.61   27.01 (30.25) -> 26.63 (30.55)  54.09 (55.22) -> 53.28 (55.69)
+/// scalar f64     1.77 -> 1.70   36.14 (37.80) -> 37.60 (39.13)  88.66 (90.03) -> 86.31 (88.77)
+/// ```
+///
+/// So no rule by channels per offset group: the one case the Intel host lost (AVX-512 f64 W1,
+/// 8 channels) gains 20% here, where the hardware gathers of the per-pixel kernel cost more,
+/// and the wide cases are level within noise on both. A threshold that gave W1 back to the
+/// per-pixel gather would trade ~0.07 ms on the Intel host for ~0.19 ms here. Scalar stays
+/// off: level at W2 / W4 on both hosts.
 pub(crate) fn replaces_pixel_gather<T: Element>(isa: Isa) -> bool {
     match isa {
         Isa::Scalar => false,

@@ -52,7 +52,19 @@ impl Backend for Avx2 {
     /// independent FMAs alone: 94.5 GFLOP/s on the same core). The whole path (`isa_probe
     /// W2 W4`, 2 threads, 3 alternating runs) against matrixmultiply's AVX2 kernel: faster or
     /// level in every `f32` row and in the `f64` forwards, but the `f64` W4 full backward is
-    /// slower (386-410 ms against 349-358), not yet looked into.
+    /// slower (386-410 ms against 349-358).
+    ///
+    /// On AMD Zen 5 that backward does not lose: ours 241-268 ms (median 246), matrixmultiply's
+    /// AVX2 kernel 248-266 (257), its AVX-512 kernel (what `OWN_GEMM = false` runs on an
+    /// AVX-512 machine) 158-183 (164); 5 alternating runs, `isa_probe W4`, 2 threads. The
+    /// backward's three products alone (`gemm_shapes_timing`, 1 thread, `f64`, GFLOP/s, ours /
+    /// matrixmultiply AVX2): column gradient `weightᵀ · grad_out` 2304x256x512 55-59 / 47-49,
+    /// weight gradient 256x512x2304 50-54 / 45-47, forward-shaped 256x2304x512 50-52 / 48-49;
+    /// `f32` 101-120 / 89-96. So the `f64` kernel, its packing and tiles run at the `f32` rate per
+    /// lane here. A candidate for the Intel loss: the column gradient streams its 4.7 MB packed
+    /// `weightᵀ` from L3 once per 8-column `B` panel (8 bytes per 16 flops in `f64`, half that
+    /// in `f32`), near a mesh L3's bandwidth per core; blocking `A` in 256 KiB chunks changed
+    /// nothing measurable here (branch `zen16-mc`, untested on Intel).
     const OWN_GEMM: bool = true;
     type F32 = F32x8;
     type F64 = F64x4;
