@@ -13,15 +13,16 @@ The ops are ``torch.ops.deformconv.deform_conv2d`` and ``torch.ops.deformconv.de
 (CPU only; float32 and float64). They pass ``torch.library.opcheck`` and run under
 ``torch.compile``; a plain eager call of `deform_conv2d` runs the same kernels through an
 ``autograd.Function`` instead, which skips the dispatcher's per-call cost (same bits; what
-``torch.compile``, export, fake tensors, modes and functorch transforms see is the op). The backward computes only the gradients autograd asks for
-(``ctx.needs_input_grad``): an offset branch that is frozen, or an input that needs no gradient,
-costs nothing.
+``torch.compile``, export, fake tensors, modes and functorch transforms see is the op). The
+backward computes only the gradients autograd asks for (``ctx.needs_input_grad``): an offset
+branch that is frozen, or an input that needs no gradient, costs nothing.
 
 Threads: this module's ops run our kernels on PyTorch's own OpenMP threads (the libgomp team of
 its operators), as many as ``torch.set_num_threads`` says (`use_openmp`, on from the import). Why: after every parallel PyTorch operator libgomp's idle threads spin for
 milliseconds, and a thread pool of our own would share the cores with them; running on the team
 itself leaves nothing to compete. Seed 001's training step (2 cores, ``benches/torch_bench.py``):
-7.98 ms instead of 9.33 ms on deformconv's own pool, against 4.93 ms for the dense network.
+7.58 ms instead of 9.38 ms on deformconv's own pool, against 4.71 ms for the dense network
+(AMD Zen 5).
 ``use_openmp(False)`` goes back to deformconv's rayon pool (`deformconv.set_num_threads`). Results
 are bitwise the same either way, and for any thread count.
 """
