@@ -240,7 +240,7 @@ fn process_engine_is_close_f64() {
 /// `a` is read row-major or as a transposed view, for every panel height the backends use.
 #[test]
 fn packing_a_follows_its_layout_in_both_read_orders() {
-    for mr in [1, 4, 8, 14] {
+    for mr in [1, 4, 6, 8, 14] {
         for (rows, depth) in [(1, 1), (5, 3), (8, 17), (19, 6), (33, 40)] {
             let a: Vec<f32> = (0..rows * depth).map(|i| i as f32 + 1.0).collect();
             // The transpose of `a`, so that the transposed view reads `a` again.
