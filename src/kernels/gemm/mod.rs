@@ -20,9 +20,10 @@
 //! panels of `NR = GEMM_VECTORS * N` columns (`[panel][k][NR]`, zero padded), then every
 //! `MR x NR` block of `C` is updated by the register kernel ([`kernel`]): panel by panel of
 //! `B`, each `B` panel (`KC x NR`) staying in L1 while every `A` micro-panel (`KC x MR`) of the
-//! depth block streams past it, from L2 when the block of `A` (`rows x KC`) fits there. W2's is
-//! 1 MiB in `f64`, the whole L2 of an AMD Zen 5 core, which likely explains why W2's `f64`
-//! GEMM runs at a third of the `f32` rate there (`isa_probe`). `MR` and `NR` are the
+//! depth block streams past it, from L2 when the block of `A` (`rows x KC`) fits there. (W2's
+//! `f64` GEMM runs at a third of the `f32` rate on AMD Zen 5, not half; halving `KC` for `f64`,
+//! so that W2's block of `A` is 512 KiB instead of the whole 1 MiB L2, did not change it.)
+//! `MR` and `NR` are the
 //! backend's ([`Lanes::GEMM_ROWS`], [`Lanes::GEMM_VECTORS`]): 8 x 48 for `f32` on AVX-512
 //! (8 x 24 for `f64`), 6 x 16 on AVX2, 6 x 8 on `wide`, 4 x 4 scalar.
 //!
