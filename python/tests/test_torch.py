@@ -400,3 +400,41 @@ def test_modes_and_fake_tensors_see_the_custom_op():
 
     gm = make_fx(lambda *a: dct.deform_conv2d(*a[:4], mask=a[4], **kw))(x, off, weight, bias, mask)
     assert "deformconv.deform_conv2d" in gm.code
+
+
+def test_use_for_torchvision_runs_eager_calls_through_our_autograd():
+    """After `use_for_torchvision`, a plain eager ``torchvision.ops.deform_conv2d`` with
+    gradients goes through our ``autograd.Function`` (the same bits as
+    ``deformconv.torch.deform_conv2d``), while ``torch.compile`` and fake tensors keep
+    torchvision's own autograd formula over our CPU kernels, with the same values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, off, weight, mask, bias, kw = make(CONFIGS[0], torch.float32)
+    g = torch.cos(torch.arange(2 * 4 * 6 * 7, dtype=torch.float32)).reshape(2, 4, 6, 7)
+
+    def forward_and_grads(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, off, weight, mask, bias)]
+        out = fn(leaves[0], leaves[1], leaves[2], leaves[4], mask=leaves[3], **kw)
+        out.backward(g)
+        return out, [out.detach()] + [t.grad for t in leaves]
+
+    _, ours = forward_and_grads(dct.deform_conv2d)
+    with dct.use_for_torchvision():
+        out, tv = forward_and_grads(torchvision.ops.deform_conv2d)
+        assert type(out.grad_fn).__name__.startswith("_EagerDeformConv2d")
+        for a, b in zip(tv, ours):
+            assert torch.equal(a, b)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *a: torchvision.ops.deform_conv2d(*a[:4], mask=a[4], **kw), fullgraph=True)
+        leaves = [t.detach().clone().requires_grad_() for t in (x, off, weight, bias, mask)]
+        out = compiled(*leaves)
+        out.backward(g)
+        torch.testing.assert_close(out, ours[0], rtol=1e-5, atol=1e-5)
+        for t, want in zip(leaves, (ours[1], ours[2], ours[3], ours[5], ours[4])):
+            torch.testing.assert_close(t.grad, want, rtol=1e-4, atol=1e-4)
+        with FakeTensorMode() as mode:
+            fx, foff, fw, fb, fm = (mode.from_tensor(t) for t in (x, off, weight, bias, mask))
+            fake = torchvision.ops.deform_conv2d(fx, foff, fw, fb, mask=fm, **kw)
+        assert fake.shape == out.shape
+    out, _ = forward_and_grads(torchvision.ops.deform_conv2d)
+    assert not type(out.grad_fn).__name__.startswith("_EagerDeformConv2d")
