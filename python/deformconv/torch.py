@@ -21,7 +21,7 @@ Threads: this module's ops run our kernels on PyTorch's own OpenMP threads (the 
 its operators), as many as ``torch.set_num_threads`` says (`use_openmp`, on from the import). Why: after every parallel PyTorch operator libgomp's idle threads spin for
 milliseconds, and a thread pool of our own would share the cores with them; running on the team
 itself leaves nothing to compete. Seed 001's training step (2 cores, ``benches/torch_bench.py``):
-7.58 ms instead of 9.38 ms on deformconv's own pool, against 4.71 ms for the dense network
+7.51 ms instead of 8.68 ms on deformconv's own pool, against 4.60 ms for the dense network
 (AMD Zen 5).
 ``use_openmp(False)`` goes back to deformconv's rayon pool (`deformconv.set_num_threads`). Results
 are bitwise the same either way, and for any thread count.
