@@ -78,12 +78,14 @@ pub(crate) fn run<T: Float>(
     stats
 }
 
-/// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]):
-/// deformable, `f32` on AVX-512. Measured on W4 (`f32`, 1 thread): backward 175 -> 100 ms against the
-/// channel-major col2im + coord kernels (same run: forward 53 ms).
+/// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): deformable,
+/// `f32`, on a vector backend. Measured on W4 (`f32`, AVX-512, 1 thread): backward 175 -> 100
+/// ms against the channel-major col2im + coord kernels (same run: forward 53 ms). On an AMD
+/// Zen 4 (2 threads, min of 3 x 5 runs, channel-major -> pixel-major): AVX2 W1 2.56 -> 1.91,
+/// W2 50.0 -> 45.1, W4 156 -> 126 ms; portable W1 3.43 -> 3.13, W4 158 -> 137 ms. `f64`
+/// stays channel-major: it lost there (AVX-512 W2 90 -> 97, AVX2 W4 256 -> 268, portable W4
+/// 241 -> 342 ms).
 pub(super) fn pixel_major_candidate<T: Float>(ops: &Operands<'_, T>) -> bool {
-    cfg!(target_arch = "x86_64")
-        && (ops.offset.is_some() || ops.mask.is_some())
-        && crate::kernels::lanes::isa() == crate::kernels::lanes::Isa::Avx512
-        && T::IS_F32
+    use crate::kernels::backend::{isa, Isa};
+    (ops.offset.is_some() || ops.mask.is_some()) && T::IS_F32 && isa() != Isa::Scalar
 }

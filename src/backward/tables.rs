@@ -11,8 +11,8 @@ use crate::kernels::taps::{DcnV1Rule, MmcvRule, Rule, Tap, TorchvisionRule};
 
 impl<T: Float> Scope<'_, '_, T> {
     /// Whether the tile tables are built straight into columns ([`Scope::build_columns`]):
-    /// pixel-major, torchvision, with offsets, and every base coordinate and plane cell far
-    /// inside `i32`. Measured on W1 (1 thread): the row table build and its column copy were
+    /// pixel-major `f32` on AVX-512, torchvision, with offsets, and every base coordinate and
+    /// plane cell far inside `i32`. Measured on W1 (1 thread): the row table build and its column copy were
     /// a third of the backward.
     pub(super) fn direct_columns(&self) -> bool {
         use crate::kernels::taps_avx512::LIMIT;
@@ -25,7 +25,11 @@ impl<T: Float> Scope<'_, '_, T> {
         };
         let reach_y = reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top);
         let reach_x = reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left);
+        use crate::kernels::backend::{isa, Isa};
         self.pixel_major
+            && cfg!(target_arch = "x86_64")
+            && isa() == Isa::Avx512
+            && T::IS_F32
             && self.ops.offset.is_some()
             && self.ops.convention == Convention::Torchvision
             && reach_y < LIMIT
@@ -98,7 +102,7 @@ impl<T: Float> Scope<'_, '_, T> {
                         m: mask.map(|m| &m[(n * mc + ch) * hw + px.start..][..px.len()]),
                         plane0: (n - group.images.start) * self.layout.len(),
                     };
-                    // SAFETY: AVX-512F was detected (pixel-major only).
+                    // SAFETY: AVX-512F was detected (`direct_columns`).
                     unsafe { fill_run(cols, self.layout, &run) };
                 }
             }

@@ -3,11 +3,11 @@
 //! ([`super::tables`]), the GEMMs ([`super::gemms`]) and the copies in and out of its planes
 //! ([`super::planes`]).
 //!
-//! **Two layouts.** Deformable `f32` on AVX-512 runs *pixel-major*: input and grad_input planes
+//! **Two layouts.** Deformable `f32` on a vector backend runs *pixel-major*: input and grad_input planes
 //! are `[cell][channel]`, `gcol` and `cols` are `[pixel][k][channel]`, the GEMMs are turned
 //! around to produce and consume that orientation (`weight` permuted tap-major and packed once
 //! per call), and one fused pass of [`crate::kernels::channel_backward`] does col2im and coord
-//! sixteen channels per vector. Everything else runs *channel-major*: planes `[channel][cell]`,
+//! a vector of channels at a time. Everything else runs *channel-major*: planes `[channel][cell]`,
 //! `gcol`, `cols` as below, col2im and coord per channel.
 //!
 //! **Per tile** (for each segment = offset group ∩ conv group, channels ascending; shown
@@ -117,7 +117,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         // Pixel-major torchvision tables are built straight into columns by AVX-512 (the row
         // table is not built at all).
         let direct = self.s.direct_columns();
-        // Planes pixel-major and one fused AVX-512 pass per segment instead of col2im + coord.
+        // Planes pixel-major and one fused pass per segment instead of col2im + coord.
         let pixel_major = self.s.pixel_major;
         let mut columns = TapColumns::<T>::default();
         let mut pixel_bases = (Vec::new(), Vec::new());
@@ -249,7 +249,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         (wpart, self.stats.add(self.gemms.stats))
     }
 
-    /// The fused pixel-major pass of one segment (`f32` only; see [`pixel_major_candidate`]).
+    /// The fused pixel-major pass of one segment (see [`pixel_major_candidate`]).
     fn fused_pass(
         &mut self,
         (input, grad): (&[T], &mut [T]),
@@ -259,6 +259,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         channels: Range<usize>,
         out: SampleOut<'_, T>,
     ) {
+        use crate::kernels::channel_backward::{run, CellShape, Outputs, Planes};
         let needs = self.needs;
         if needs.input {
             self.stats.scatters += 1;
@@ -266,61 +267,26 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         if needs.input_planes() {
             self.stats.sample_passes += 1;
         }
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::kernels::channel_backward::{run, CellShape, Outputs, Planes};
-            let SampleOut { dy, dx, mask, cols } = out;
-            let f32s = (
-                T::as_f32(input),
-                T::as_f32_mut(grad),
-                T::as_f32(gcol),
-                T::as_f32_mut(dy),
-                T::as_f32_mut(dx),
-                T::as_f32_mut(mask),
-                T::as_f32_mut(cols),
-                T::columns_as_f32(columns),
-            );
-            let (
-                Some(input),
-                Some(grad),
-                Some(gcol),
-                Some(dy),
-                Some(dx),
-                Some(mask),
-                Some(cols),
-                Some(table),
-            ) = f32s
-            else {
-                debug_assert!(false, "the pixel-major pass is f32 only");
-                return;
-            };
-            let shape = CellShape {
-                channels: self.s.g.c_per_offset_group(),
-                pitch: self.s.layout.pitch(),
-                tile: width,
-                taps: self.s.g.taps(),
-            };
-            let want = Outputs {
-                scatter: needs.input,
-                offset: needs.offset,
-                mask: needs.mask,
-                cols: needs.weight,
-            };
-            let out = SampleOut { dy, dx, mask, cols };
-            // SAFETY: AVX-512F was detected (`pixel_major`); the kernel checks every bound.
-            unsafe {
-                run(
-                    Planes { input, grad },
-                    shape,
-                    table,
-                    gcol,
-                    channels,
-                    want,
-                    out,
-                )
-            };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (input, grad, width, columns, gcol, channels, out);
+        let shape = CellShape {
+            channels: self.s.g.c_per_offset_group(),
+            pitch: self.s.layout.pitch(),
+            tile: width,
+            taps: self.s.g.taps(),
+        };
+        let want = Outputs {
+            scatter: needs.input,
+            offset: needs.offset,
+            mask: needs.mask,
+            cols: needs.weight,
+        };
+        run(
+            Planes { input, grad },
+            shape,
+            columns,
+            gcol,
+            channels,
+            want,
+            out,
+        );
     }
 }

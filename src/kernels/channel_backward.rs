@@ -1,33 +1,36 @@
-//! The backward's per-sample work for `f32` on AVX-512, sixteen channels per vector, on
-//! pixel-major planes: the col2im scatter of [`super::col2im`] and the offset, mask and column
-//! outputs of [`super::coord`], fused so that each table entry and column-gradient value is
-//! read once.
+//! The backward's per-sample work on pixel-major planes, a vector of channels at a time, for
+//! every backend and element type: the col2im scatter of [`super::col2im`] and the offset,
+//! mask and column outputs of [`super::coord`], fused so that each table entry and
+//! column-gradient value is read once.
 //!
 //! Planes are pixel-major, `[cell][channels]` over the padded cells of the task's
 //! [`super::taps::PlaneLayout`] (a tap's base already includes its image's plane), so one
-//! corner of sixteen channels is one vector load, or one vector read-modify-write for the
+//! corner of `N` channels is one vector load, or one vector read-modify-write for the
 //! scatter. `gcol` and `cols` are pixel-major too, `[(q K + k) * C_seg + c]`: the driver's
 //! GEMMs produce and consume them in that orientation, so no transposes are needed.
 //!
 //! Per (channel, sample) the IEEE operations are those of `coord` and `col2im` (plain
 //! multiplies and adds, no fused multiply-add), so `cols` is bitwise the scalar definition.
-//! Two things differ, both fixed by the shape alone (so results stay independent of the thread
-//! count and of which gradients are asked for):
-//! - a sample's sums over channels (`dy`, `dx`, `mask`) are sixteen running lane sums over the
-//!   channel blocks, reduced by a fixed tree, instead of one ascending chain;
+//! Two things differ, both fixed by the shape and the backend alone (so results stay
+//! independent of the thread count and of which gradients are asked for):
+//! - a sample's sums over channels (`dy`, `dx`, `mask`) are `N` running lane sums over the
+//!   channel blocks, reduced by a fixed halving tree, instead of one ascending chain;
 //! - each grad_input cell receives its additions ordered by (pixel, tap) rather than (tap,
 //!   pixel): a pixel's taps touch the same few input rows, and `gcol` / `cols` stream in
 //!   memory order.
 //!
 //! Loop order: pixels, then taps, then channel blocks, so that two read-modify-writes of one
 //! cell (neighbouring taps and pixels share corners) are a whole channel loop apart and never
-//! wait on each other.
+//! wait on each other. On AVX-512, `f32` segments of at most 8 channels (W1) take [`pairs`],
+//! two samples a vector.
 
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
 mod pairs;
 
+use crate::float::Float;
+use crate::kernels::backend::{dispatch, Backend, Element, Lanes, WithBackend};
 use crate::kernels::columns::TapColumns;
 use crate::kernels::coord::SampleOut;
 
@@ -58,83 +61,108 @@ pub(crate) struct Outputs {
 }
 
 /// The task's pixel-major planes: the input read, the `grad_input` scattered into.
-pub(crate) struct Planes<'a> {
+pub(crate) struct Planes<'a, T> {
     /// Input planes, `[cell][channels]`.
-    pub input: &'a [f32],
+    pub input: &'a [T],
     /// `grad_input` planes, laid out as `input`.
-    pub grad: &'a mut [f32],
+    pub grad: &'a mut [T],
+}
+
+/// One pass: what [`run`] hands to the backend.
+struct Pass<'a, 'o, T> {
+    planes: Planes<'a, T>,
+    shape: CellShape,
+    table: &'a TapColumns<T>,
+    gcol: &'a [T],
+    channels: Range<usize>,
+    want: Outputs,
+    out: SampleOut<'o, T>,
 }
 
 /// For the channels `channels` (indices inside a cell) of one segment: scatters `gcol`
 /// (`[(q K + k) * channels.len() + c - channels.start]`) into `grad`, accumulates the offset
 /// and mask gradients into `out.dy`, `out.dx`, `out.mask` (`[k][tile]`) and writes `out.cols`
-/// (laid out as `gcol`), as [`Outputs`] asks, reading corners of `input`. Slices not needed
-/// may be empty.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
+/// (laid out as `gcol`), as [`Outputs`] asks, reading corners of `input`, on the backend of
+/// [`crate::kernels::backend::isa`]. Slices not needed may be empty.
 ///
 /// # Panics
 /// If a table base (up to `max_base` / `max_scatter`) reaches past the planes, or a slice is
 /// shorter than the pass needs.
-#[cfg(target_arch = "x86_64")]
-pub(crate) unsafe fn run(
-    planes: Planes<'_>,
+pub(crate) fn run<T: Float>(
+    planes: Planes<'_, T>,
     shape: CellShape,
-    table: &TapColumns<f32>,
-    gcol: &[f32],
+    table: &TapColumns<T>,
+    gcol: &[T],
     channels: Range<usize>,
     want: Outputs,
-    out: SampleOut<'_, f32>,
+    out: SampleOut<'_, T>,
 ) {
-    let Planes { input, grad } = planes;
-    macro_rules! go {
-        ($s:literal, $o:literal, $m:literal, $c:literal) => {
-            // SAFETY: the caller's contract (AVX-512F).
-            unsafe { pass::<$s, $o, $m, $c>(input, grad, shape, table, gcol, channels, out) }
-        };
-    }
-    match (want.scatter, want.offset, want.mask, want.cols) {
-        (false, false, false, false) => {}
-        (false, false, false, true) => go!(false, false, false, true),
-        (false, false, true, false) => go!(false, false, true, false),
-        (false, false, true, true) => go!(false, false, true, true),
-        (false, true, false, false) => go!(false, true, false, false),
-        (false, true, false, true) => go!(false, true, false, true),
-        (false, true, true, false) => go!(false, true, true, false),
-        (false, true, true, true) => go!(false, true, true, true),
-        (true, false, false, false) => go!(true, false, false, false),
-        (true, false, false, true) => go!(true, false, false, true),
-        (true, false, true, false) => go!(true, false, true, false),
-        (true, false, true, true) => go!(true, false, true, true),
-        (true, true, false, false) => go!(true, true, false, false),
-        (true, true, false, true) => go!(true, true, false, true),
-        (true, true, true, false) => go!(true, true, true, false),
-        (true, true, true, true) => go!(true, true, true, true),
+    dispatch(Pass {
+        planes,
+        shape,
+        table,
+        gcol,
+        channels,
+        want,
+        out,
+    })
+}
+
+impl<T: Float> WithBackend for Pass<'_, '_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<B: Backend>(self, b: B) {
+        macro_rules! go {
+            ($s:literal, $o:literal, $m:literal, $c:literal) => {
+                pass::<B, T, $s, $o, $m, $c>(b, self)
+            };
+        }
+        let want = self.want;
+        match (want.scatter, want.offset, want.mask, want.cols) {
+            (false, false, false, false) => {}
+            (false, false, false, true) => go!(false, false, false, true),
+            (false, false, true, false) => go!(false, false, true, false),
+            (false, false, true, true) => go!(false, false, true, true),
+            (false, true, false, false) => go!(false, true, false, false),
+            (false, true, false, true) => go!(false, true, false, true),
+            (false, true, true, false) => go!(false, true, true, false),
+            (false, true, true, true) => go!(false, true, true, true),
+            (true, false, false, false) => go!(true, false, false, false),
+            (true, false, false, true) => go!(true, false, false, true),
+            (true, false, true, false) => go!(true, false, true, false),
+            (true, false, true, true) => go!(true, false, true, true),
+            (true, true, false, false) => go!(true, true, false, false),
+            (true, true, false, true) => go!(true, true, false, true),
+            (true, true, true, false) => go!(true, true, true, false),
+            (true, true, true, true) => go!(true, true, true, true),
+        }
     }
 }
 
-/// Channels per vector.
-const LANES: usize = 16;
-
-/// [`run`] for one combination of outputs.
-///
-/// # Safety
-/// AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const COLS: bool>(
-    input: &[f32],
-    grad: &mut [f32],
-    shape: CellShape,
-    table: &TapColumns<f32>,
-    gcol: &[f32],
-    channels: Range<usize>,
-    out: SampleOut<'_, f32>,
+/// [`run`] for one combination of outputs on backend `b`.
+#[inline(always)]
+fn pass<
+    B: Backend,
+    T: Float,
+    const SCATTER: bool,
+    const OFFSET: bool,
+    const MASK: bool,
+    const COLS: bool,
+>(
+    b: B,
+    op: Pass<'_, '_, T>,
 ) {
-    use crate::kernels::transpose::first_lanes;
-    use std::arch::x86_64::*;
-
+    let Pass {
+        planes: Planes { input, grad },
+        shape,
+        table,
+        gcol,
+        channels,
+        want: _,
+        out,
+    } = op;
+    let n = <T::V<B> as Lanes<T, B>>::N;
     let CellShape {
         channels: cpc,
         pitch,
@@ -145,16 +173,16 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
     let need_in = OFFSET || MASK || COLS;
     let entries = k_taps * tile;
     let count = channels.len();
-    let SampleOut { dy, dx, mask, cols } = out;
     assert!(table.len() == entries && table.scatter.len() == entries);
     assert!(table.m.len() == entries && table.inside.len() == entries);
     assert!(table.ly.len() == entries && table.lx.len() == entries);
     assert!(table.weights.iter().all(|w| w.len() == entries));
     assert!(channels.end <= cpc, "segment channels outside the cell");
     assert!(!need_g || gcol.len() >= count * entries);
-    assert!(!COLS || cols.len() >= count * entries);
-    assert!(!OFFSET || (dy.len() >= entries && dx.len() >= entries));
-    assert!(!MASK || mask.len() >= entries);
+    assert!(!COLS || out.cols.len() >= count * entries);
+    assert!(!OFFSET || (out.dy.len() >= entries && out.dx.len() >= entries));
+    assert!(!MASK || out.mask.len() >= entries);
+    assert!(n <= 16);
     if count == 0 || entries == 0 {
         return;
     }
@@ -162,145 +190,176 @@ unsafe fn pass<const SCATTER: bool, const OFFSET: bool, const MASK: bool, const 
     let cells_needed = |max: usize| (max + pitch + 2).saturating_mul(cpc);
     assert!(!need_in || cells_needed(table.max_base) <= input.len());
     assert!(!SCATTER || cells_needed(table.max_scatter) <= grad.len());
-    if count <= 8 {
-        let out = SampleOut { dy, dx, mask, cols };
-        // SAFETY: AVX-512F (this function's contract); the bounds asserted above.
-        unsafe {
-            pairs::pass::<SCATTER, OFFSET, MASK, COLS>(
-                input, grad, shape, table, gcol, channels, out,
-            )
-        };
-        return;
+    #[cfg(target_arch = "x86_64")]
+    if B::ISA == crate::kernels::backend::Isa::Avx512 && count <= 8 {
+        let (input, grad, gcol, table) = (
+            T::as_f32(input),
+            T::as_f32_mut(grad),
+            T::as_f32(gcol),
+            T::columns_as_f32(table),
+        );
+        if let (Some(input), Some(grad), Some(gcol), Some(table)) = (input, grad, gcol, table) {
+            let SampleOut { dy, dx, mask, cols } = out;
+            let out = (
+                T::as_f32_mut(dy),
+                T::as_f32_mut(dx),
+                T::as_f32_mut(mask),
+                T::as_f32_mut(cols),
+            );
+            let (Some(dy), Some(dx), Some(mask), Some(cols)) = out else {
+                unreachable!("T is f32");
+            };
+            let out = SampleOut { dy, dx, mask, cols };
+            // SAFETY: a backend value of ISA Avx512 exists only where AVX-512F was detected;
+            // the bounds `pairs::pass` relies on are asserted above.
+            unsafe {
+                pairs::pass::<SCATTER, OFFSET, MASK, COLS>(
+                    input, grad, shape, table, gcol, channels, out,
+                )
+            };
+            return;
+        }
     }
+    let SampleOut { dy, dx, mask, cols } = out;
+    type V<B, T> = <T as Element>::V<B>;
     let corner = [0, cpc, pitch * cpc, (pitch + 1) * cpc];
-    let zero = _mm512_setzero_ps();
-    let (input_at, grad_at) = (input.as_ptr(), grad.as_mut_ptr());
+    let zero = V::<B, T>::splat(b, T::ZERO);
+    let one = V::<B, T>::splat(b, T::ONE);
+    // `len` values at `at` of `s` as a vector, zeros after (`len <= n`).
+    macro_rules! load {
+        ($s:expr, $at:expr, $len:expr) => {{
+            let (at, len) = ($at, $len);
+            debug_assert!(at + len <= $s.len());
+            // SAFETY: every call site's range lies inside its slice (see there).
+            let src = unsafe { $s.get_unchecked(at..at + len) };
+            if len == n {
+                V::<B, T>::load(b, src)
+            } else {
+                V::<B, T>::load_partial(b, src)
+            }
+        }};
+    }
+    macro_rules! store {
+        ($v:expr, $s:expr, $at:expr, $len:expr) => {{
+            let (v, at, len) = ($v, $at, $len);
+            debug_assert!(at + len <= $s.len());
+            // SAFETY: every call site's range lies inside its slice (see there).
+            let dst = unsafe { $s.get_unchecked_mut(at..at + len) };
+            if len == n {
+                v.store(dst)
+            } else {
+                v.store_partial(dst)
+            }
+        }};
+    }
 
     for q in 0..tile {
         for k in 0..k_taps {
             let e = k * tile + q;
             // This sample's row of `gcol` and `cols`.
             let row = (q * k_taps + k) * count;
-            let m = _mm512_set1_ps(table.m[e]);
-            let w: [__m512; 4] = std::array::from_fn(|j| _mm512_set1_ps(table.weights[j][e]));
-            let (ly, lx) = (_mm512_set1_ps(table.ly[e]), _mm512_set1_ps(table.lx[e]));
-            let inside: __mmask16 = if table.inside[e] != 0 { 0xFFFF } else { 0 };
+            let m = V::<B, T>::splat(b, table.m[e]);
+            let w: [V<B, T>; 4] = std::array::from_fn(|j| V::<B, T>::splat(b, table.weights[j][e]));
+            let (ly, lx) = (
+                V::<B, T>::splat(b, table.ly[e]),
+                V::<B, T>::splat(b, table.lx[e]),
+            );
+            let inside = table.inside[e] != 0;
             let gather = table.gather[e] as usize * cpc + channels.start;
             let scatter = table.scatter[e] as usize * cpc + channels.start;
             debug_assert!(table.gather[e] as usize <= table.max_base);
             debug_assert!(table.scatter[e] as usize <= table.max_scatter);
             let (mut sy, mut sx, mut sm) = (zero, zero, zero);
-            for o in (0..count).step_by(LANES) {
-                let cm = first_lanes(LANES.min(count - o));
+            for o in (0..count).step_by(n) {
+                let lanes = n.min(count - o);
+                // Rows `row .. row + count` of gcol and cols lie in them (asserted); lanes
+                // past the segment read and write nothing and hold zeros, which add zero to
+                // the sums below.
                 let g = if need_g {
-                    // SAFETY: row + count <= count * entries <= gcol.len() (asserted).
-                    unsafe { _mm512_maskz_loadu_ps(cm, gcol.as_ptr().add(row + o)) }
+                    load!(gcol, row + o, lanes)
                 } else {
                     zero
                 };
-                let gm = _mm512_mul_ps(g, m);
+                let gm = g.mul(m);
                 if need_in {
-                    // SAFETY: the entry's gather base is at most max_base, so its corner
-                    // cells end inside `input` (asserted above); lanes past the segment's
-                    // channels are masked off (channels.end <= cpc).
-                    let v: [__m512; 4] = std::array::from_fn(|j| unsafe {
-                        _mm512_maskz_loadu_ps(cm, input_at.add(gather + corner[j] + o))
-                    });
-                    let bil = bilinear(&w, &v);
-                    let bil = _mm512_maskz_mov_ps(inside, bil);
+                    // The entry's gather base is at most max_base, so its corner cells end
+                    // inside `input` (asserted above), and channels.end <= cpc.
+                    let v: [V<B, T>; 4] =
+                        std::array::from_fn(|j| load!(input, gather + corner[j] + o, lanes));
+                    let bil = bilinear::<B, T>(&w, &v);
+                    let bil = if inside { bil } else { zero };
                     if COLS {
-                        // SAFETY: row + count <= cols.len() (asserted).
-                        unsafe {
-                            let at = cols.as_mut_ptr().add(row + o);
-                            _mm512_mask_storeu_ps(at, cm, _mm512_mul_ps(m, bil));
-                        }
+                        store!(m.mul(bil), cols, row + o, lanes);
                     }
                     if OFFSET {
-                        let (wy, wx) = corner_derivatives(&v, ly, lx);
-                        sy = _mm512_mask_add_ps(sy, cm, sy, _mm512_mul_ps(gm, wy));
-                        sx = _mm512_mask_add_ps(sx, cm, sx, _mm512_mul_ps(gm, wx));
+                        let (wy, wx) = corner_derivatives::<B, T>(&v, ly, lx, one);
+                        sy = sy.add(gm.mul(wy));
+                        sx = sx.add(gm.mul(wx));
                     }
                     if MASK {
-                        sm = _mm512_mask_add_ps(sm, cm, sm, _mm512_mul_ps(g, bil));
+                        sm = sm.add(g.mul(bil));
                     }
                 }
                 if SCATTER {
-                    // Neighbouring samples update the same cells soon after each other, so the
-                    // next load must be forwarded from this store: full-width (or, for a block
-                    // of exactly 8 channels, half-width) stores rather than masked ones.
-                    // Measured (W1 grad_input, 1 thread): 1.82 -> 0.67 ms against masked stores.
-                    let lanes = count - o;
+                    // As for the gather, with max_scatter and `grad`; this task owns the
+                    // planes. Neighbouring samples update the same cells soon after each
+                    // other, so the next load is forwarded from this store.
                     for (j, &d) in corner.iter().enumerate() {
-                        // SAFETY: as for the gather, with max_scatter and `grad`; this task
-                        // owns the planes. The unmasked forms touch exactly the block's
-                        // `min(lanes, 16)` channels.
-                        unsafe {
-                            let cell = grad_at.add(scatter + d + o);
-                            let add = _mm512_mul_ps(gm, w[j]);
-                            if lanes >= LANES {
-                                let new = _mm512_add_ps(_mm512_loadu_ps(cell), add);
-                                _mm512_storeu_ps(cell, new);
-                            } else if lanes == 8 {
-                                let add = _mm512_castps512_ps256(add);
-                                _mm256_storeu_ps(cell, _mm256_add_ps(_mm256_loadu_ps(cell), add));
-                            } else {
-                                let new = _mm512_add_ps(_mm512_maskz_loadu_ps(cm, cell), add);
-                                _mm512_mask_storeu_ps(cell, cm, new);
-                            }
-                        }
+                        let at = scatter + d + o;
+                        let new = load!(grad, at, lanes).add(gm.mul(w[j]));
+                        store!(new, grad, at, lanes);
                     }
                 }
             }
             if OFFSET {
-                dy[e] += _mm512_reduce_add_ps(sy);
-                dx[e] += _mm512_reduce_add_ps(sx);
+                dy[e] += lane_sum::<B, T>(sy);
+                dx[e] += lane_sum::<B, T>(sx);
             }
             if MASK {
-                mask[e] += _mm512_reduce_add_ps(sm);
+                mask[e] += lane_sum::<B, T>(sm);
             }
         }
     }
 }
 
+/// The sum of `v`'s lanes by the halving tree `(i, i + N/2)`, ..., `(i, i + 1)` (the order
+/// of AVX-512's `reduce_add`).
+#[inline(always)]
+fn lane_sum<B: Backend, T: Float>(v: T::V<B>) -> T {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let mut a = [T::ZERO; 16];
+    v.store(&mut a[..n]);
+    let mut half = n / 2;
+    while half > 0 {
+        for i in 0..half {
+            a[i] += a[i + half];
+        }
+        half /= 2;
+    }
+    a[0]
+}
+
 /// `((w0 v0 + w1 v1) + w2 v2) + w3 v3`: the bilinear value of corners `v` (order `(y0,x0),
 /// (y0,x1), (y1,x0), (y1,x1)`), in the scalar definition's order.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn bilinear(
-    w: &[std::arch::x86_64::__m512; 4],
-    v: &[std::arch::x86_64::__m512; 4],
-) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    _mm512_add_ps(
-        _mm512_add_ps(
-            _mm512_add_ps(_mm512_mul_ps(w[0], v[0]), _mm512_mul_ps(w[1], v[1])),
-            _mm512_mul_ps(w[2], v[2]),
-        ),
-        _mm512_mul_ps(w[3], v[3]),
-    )
+#[inline(always)]
+fn bilinear<B: Backend, T: Element>(w: &[T::V<B>; 4], v: &[T::V<B>; 4]) -> T::V<B> {
+    w[0].mul(v[0])
+        .add(w[1].mul(v[1]))
+        .add(w[2].mul(v[2]))
+        .add(w[3].mul(v[3]))
 }
 
 /// The bilinear value's derivatives along y and x at fractions `(ly, lx)`:
 /// `wy = lx (v3 - v1) + (1 - lx)(v2 - v0)`, `wx = ly (v3 - v2) + (1 - ly)(v1 - v0)`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn corner_derivatives(
-    v: &[std::arch::x86_64::__m512; 4],
-    ly: std::arch::x86_64::__m512,
-    lx: std::arch::x86_64::__m512,
-) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
-    use std::arch::x86_64::*;
-    let one = _mm512_set1_ps(1.0);
-    let wy = _mm512_add_ps(
-        _mm512_mul_ps(lx, _mm512_sub_ps(v[3], v[1])),
-        _mm512_mul_ps(_mm512_sub_ps(one, lx), _mm512_sub_ps(v[2], v[0])),
-    );
-    let wx = _mm512_add_ps(
-        _mm512_mul_ps(ly, _mm512_sub_ps(v[3], v[2])),
-        _mm512_mul_ps(_mm512_sub_ps(one, ly), _mm512_sub_ps(v[1], v[0])),
-    );
+#[inline(always)]
+fn corner_derivatives<B: Backend, T: Element>(
+    v: &[T::V<B>; 4],
+    ly: T::V<B>,
+    lx: T::V<B>,
+    one: T::V<B>,
+) -> (T::V<B>, T::V<B>) {
+    let wy = lx.mul(v[3].sub(v[1])).add(one.sub(lx).mul(v[2].sub(v[0])));
+    let wx = ly.mul(v[3].sub(v[2])).add(one.sub(ly).mul(v[1].sub(v[0])));
     (wy, wx)
 }
 
@@ -309,7 +368,6 @@ mod tests {
     use super::*;
     use crate::kernels::col2im::{scatter, TileShape};
     use crate::kernels::coord::{sample_gradients, SampleWant};
-    use crate::kernels::lanes::{isa, Isa};
     use crate::kernels::taps::PlaneLayout;
 
     /// Outputs of one pass: grad planes (channel-major), dy, dx, mask, cols (channel-major).
@@ -323,10 +381,6 @@ mod tests {
     /// within a relative 1e-5 (NaN where the old kernels give NaN).
     #[test]
     fn fused_pass_matches_the_channel_major_kernels() {
-        if isa() != Isa::Avx512 {
-            eprintln!("no AVX-512 on this CPU: the pixel-major pass is never used");
-            return;
-        }
         // Segments of at most 8 channels (two samples a vector, `pairs`): 8, 5 and 1.
         for seg in [3..27, 3..37, 3..11, 5..10, 36..37] {
             fused_pass_case(seg);
@@ -431,14 +485,11 @@ mod tests {
                 cols: cols_pm,
             };
             let input = pm_of(&planes);
-            // SAFETY: AVX-512F was detected above.
-            unsafe {
-                let planes = Planes {
-                    input: &input,
-                    grad: &mut grad_pm,
-                };
-                run(planes, shape, &table, &gcol_pm, seg.clone(), want, out)
+            let planes = Planes {
+                input: &input,
+                grad: &mut grad_pm,
             };
+            run(planes, shape, &table, &gcol_pm, seg.clone(), want, out);
             for c in 0..cells {
                 for i in 0..stride {
                     new[0][c * stride + i] = grad_pm[i * cells + c];

@@ -3,8 +3,8 @@
 //! (`pixel_major`): tuned for `f32` on AVX-512 in `channel_gather`, with its table built by
 //! `locate_avx512`, and written once over the backend's vectors in `channel_lanes`), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the
 //! backward's sampling table (`taps`), atomic-free col2im scatter (`col2im`) and coordinate /
-//! mask gradients (`coord`), or, for `f32` on AVX-512, both fused on pixel-major planes 16
-//! channels per vector (`channel_backward`).
+//! mask gradients (`coord`), or, for deformable `f32` on a vector backend, both fused on pixel-major planes a
+//! vector of channels at a time (`channel_backward`).
 //!
 //! # The column tile
 //!
@@ -30,7 +30,6 @@
 //! stays near 1 MiB, independent of the batch size.
 
 pub(crate) mod backend;
-#[cfg(target_arch = "x86_64")]
 pub(crate) mod channel_backward;
 pub(crate) mod channel_gather;
 pub(crate) mod channel_lanes;

@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{bilinear, corner_derivatives, CellShape};
+use super::CellShape;
 use crate::kernels::columns::TapColumns;
 use crate::kernels::coord::SampleOut;
 
@@ -208,4 +208,33 @@ pub(super) unsafe fn pass<
             }
         }
     }
+}
+
+/// `((w0 v0 + w1 v1) + w2 v2) + w3 v3`: the parent's `bilinear` on AVX-512 vectors.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn bilinear(w: &[__m512; 4], v: &[__m512; 4]) -> __m512 {
+    _mm512_add_ps(
+        _mm512_add_ps(
+            _mm512_add_ps(_mm512_mul_ps(w[0], v[0]), _mm512_mul_ps(w[1], v[1])),
+            _mm512_mul_ps(w[2], v[2]),
+        ),
+        _mm512_mul_ps(w[3], v[3]),
+    )
+}
+
+/// The parent's `corner_derivatives` on AVX-512 vectors.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn corner_derivatives(v: &[__m512; 4], ly: __m512, lx: __m512) -> (__m512, __m512) {
+    let one = _mm512_set1_ps(1.0);
+    let wy = _mm512_add_ps(
+        _mm512_mul_ps(lx, _mm512_sub_ps(v[3], v[1])),
+        _mm512_mul_ps(_mm512_sub_ps(one, lx), _mm512_sub_ps(v[2], v[0])),
+    );
+    let wx = _mm512_add_ps(
+        _mm512_mul_ps(ly, _mm512_sub_ps(v[3], v[2])),
+        _mm512_mul_ps(_mm512_sub_ps(one, ly), _mm512_sub_ps(v[1], v[0])),
+    );
+    (wy, wx)
 }
