@@ -11,7 +11,7 @@
 //! The extra last pixel is all zeros: a corner outside the image reads it, so the gather has
 //! no branch per corner, and an infinite pixel inside the image never meets an outside corner.
 
-use super::backend::Element;
+use super::backend::{dispatch, Backend, Element, Lanes, WithBackend};
 use crate::Float;
 use rayon::prelude::*;
 
@@ -158,8 +158,7 @@ fn transpose_block<T: Element>(
 }
 
 /// `dst[q * channels + c] = src[c * stride + q]` for `q < count`, `c < channels`: `count`
-/// pixels of channel-major planes (`stride` apart) to pixel-major rows (in registers for `f32`
-/// on AVX-512, element by element otherwise).
+/// pixels of channel-major planes (`stride` apart) to pixel-major rows.
 ///
 /// # Panics
 /// If `src` or `dst` is too short.
@@ -174,27 +173,22 @@ pub(crate) fn to_pixel_major<T: Element>(
         return;
     }
     assert!(src.len() >= (channels - 1) * stride + count && dst.len() >= count * channels);
-    #[cfg(target_arch = "x86_64")]
-    if super::lanes::isa() == super::lanes::Isa::Avx512 {
-        if let (Some(s), Some(d)) = (T::as_f32(src), T::as_f32_mut(dst)) {
-            // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
-            unsafe { x86::transpose(s, stride, d, channels, channels, count) };
-            return;
-        }
-    }
-    for (q, row) in dst.chunks_exact_mut(channels).take(count).enumerate() {
-        for (c, v) in row.iter_mut().enumerate() {
-            *v = src[c * stride + q];
-        }
-    }
+    dispatch(Transpose {
+        src,
+        s_row: stride,
+        dst,
+        d_row: channels,
+        rows: channels,
+        cols: count,
+    })
 }
 
 /// `dst[c * stride + q] = src[q * channels + c]` for `q < count`, `c < channels`: the inverse
-/// of [`to_pixel_major`], for any element type (in registers for `f32` on AVX-512).
+/// of [`to_pixel_major`].
 ///
 /// # Panics
 /// If `src` or `dst` is too short.
-pub(crate) fn from_pixel_major<T: super::backend::Element>(
+pub(crate) fn from_pixel_major<T: Element>(
     src: &[T],
     channels: usize,
     count: usize,
@@ -205,73 +199,70 @@ pub(crate) fn from_pixel_major<T: super::backend::Element>(
         return;
     }
     assert!(dst.len() >= (channels - 1) * stride + count && src.len() >= count * channels);
-    #[cfg(target_arch = "x86_64")]
-    if super::lanes::isa() == super::lanes::Isa::Avx512 {
-        if let (Some(s), Some(d)) = (T::as_f32(src), T::as_f32_mut(dst)) {
-            // SAFETY: AVX-512F was detected; the bounds are the ones asserted above.
-            unsafe { x86::transpose(s, channels, d, stride, count, channels) };
-            return;
-        }
-    }
-    for (q, row) in src.chunks_exact(channels).take(count).enumerate() {
-        for (c, &v) in row.iter().enumerate() {
-            dst[c * stride + q] = v;
-        }
-    }
+    dispatch(Transpose {
+        src,
+        s_row: channels,
+        dst,
+        d_row: stride,
+        rows: count,
+        cols: channels,
+    })
 }
 
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use crate::kernels::transpose::{first_lanes, transpose16};
-    use std::arch::x86_64::*;
+/// `dst[j * d_row + i] = src[i * s_row + j]` for `i < rows`, `j < cols`, in `N x N` blocks
+/// transposed in registers ([`Lanes::transpose`]): exact copies. Measured on an AMD Zen 4 (W4
+/// full backward, `f32`, AVX2, 1 thread): the planes' copies in and out took 6.6% of the
+/// samples element by element.
+struct Transpose<'a, T> {
+    src: &'a [T],
+    s_row: usize,
+    dst: &'a mut [T],
+    d_row: usize,
+    rows: usize,
+    cols: usize,
+}
 
-    /// `dst[j * d_row + i] = src[i * s_row + j]` for `i < rows`, `j < cols`, in 16 x 16
-    /// register blocks (16 contiguous values read from a source row, written to a
-    /// destination row).
-    ///
-    /// # Safety
-    /// AVX-512F; every addressed element lies inside `src` and `dst`.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn transpose(
-        src: &[f32],
-        s_row: usize,
-        dst: &mut [f32],
-        d_row: usize,
-        rows: usize,
-        cols: usize,
-    ) {
-        debug_assert!(rows > 0 && cols > 0);
-        debug_assert!(src.len() >= (rows - 1) * s_row + cols);
-        debug_assert!(dst.len() >= (cols - 1) * d_row + rows);
-        let mut block = [_mm512_setzero_ps(); 16];
-        for j0 in (0..cols).step_by(16) {
-            let nj = 16.min(cols - j0);
-            for i0 in (0..rows).step_by(16) {
-                let ni = 16.min(rows - i0);
-                for (i, v) in block.iter_mut().enumerate() {
+impl<T: Element> WithBackend for Transpose<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<B: Backend>(self, b: B) {
+        let Transpose {
+            src,
+            s_row,
+            dst,
+            d_row,
+            rows,
+            cols,
+        } = self;
+        let n = <T::V<B> as Lanes<T, B>>::N;
+        assert!(n <= 16);
+        let zero = T::V::<B>::splat(b, T::default());
+        let mut block = [zero; 16];
+        for j0 in (0..cols).step_by(n) {
+            let nj = n.min(cols - j0);
+            for i0 in (0..rows).step_by(n) {
+                let ni = n.min(rows - i0);
+                for (i, v) in block[..n].iter_mut().enumerate() {
                     *v = if i < ni {
-                        // SAFETY: row i0 + i < rows, columns j0 .. + nj <= cols.
-                        unsafe {
-                            _mm512_maskz_loadu_ps(
-                                first_lanes(nj),
-                                src.as_ptr().add((i0 + i) * s_row + j0),
-                            )
+                        let row = &src[(i0 + i) * s_row + j0..][..nj];
+                        if nj == n {
+                            T::V::<B>::load(b, row)
+                        } else {
+                            T::V::<B>::load_partial(b, row)
                         }
                     } else {
-                        _mm512_setzero_ps()
+                        zero
                     };
                 }
-                // SAFETY: AVX-512F (this function's contract).
-                unsafe { transpose16(&mut block) };
-                for (j, v) in block.iter().enumerate().take(nj) {
-                    // SAFETY: destination row j0 + j < cols, elements i0 .. + ni <= rows.
-                    unsafe {
-                        _mm512_mask_storeu_ps(
-                            dst.as_mut_ptr().add((j0 + j) * d_row + i0),
-                            first_lanes(ni),
-                            *v,
-                        )
-                    };
+                T::V::<B>::transpose(b, &mut block[..n]);
+                for (j, v) in block[..nj].iter().enumerate() {
+                    let row = &mut dst[(j0 + j) * d_row + i0..][..ni];
+                    if ni == n {
+                        v.store(row);
+                    } else {
+                        v.store_partial(row);
+                    }
                 }
             }
         }
@@ -307,26 +298,37 @@ pub(crate) mod tests {
         }
     }
 
-    /// `from_pixel_major` undoes `to_pixel_major`, on strided planes with ragged blocks.
+    /// `from_pixel_major` undoes `to_pixel_major`, on strided planes with ragged blocks, in
+    /// `f32` and `f64` (different vector widths).
     #[test]
     fn from_pixel_major_inverts_to_pixel_major() {
-        for (channels, count, stride) in [(1, 1, 1), (5, 17, 20), (16, 16, 16), (33, 40, 41)] {
-            let src: Vec<f32> = (0..channels * stride).map(|i| i as f32 + 0.5).collect();
-            let mut pm = vec![f32::NAN; count * channels];
-            to_pixel_major(&src, channels, stride, count, &mut pm);
-            for q in 0..count {
-                for c in 0..channels {
-                    assert_eq!(pm[q * channels + c], src[c * stride + q]);
+        fn check<T: Float>() {
+            for (channels, count, stride) in [(1, 1, 1), (5, 17, 20), (16, 16, 16), (33, 40, 41)] {
+                let src: Vec<T> = (0..channels * stride)
+                    .map(|i| T::from_f64(i as f64 + 0.5))
+                    .collect();
+                let mut pm = vec![T::from_f64(f64::NAN); count * channels];
+                to_pixel_major(&src, channels, stride, count, &mut pm);
+                for q in 0..count {
+                    for c in 0..channels {
+                        assert_eq!(pm[q * channels + c], src[c * stride + q]);
+                    }
                 }
-            }
-            let mut back = vec![-1.0f32; channels * stride];
-            from_pixel_major(&pm, channels, count, &mut back, stride);
-            for c in 0..channels {
-                for q in 0..stride {
-                    let want = if q < count { src[c * stride + q] } else { -1.0 };
-                    assert_eq!(back[c * stride + q], want, "{channels} {count} {c} {q}");
+                let mut back = vec![-T::ONE; channels * stride];
+                from_pixel_major(&pm, channels, count, &mut back, stride);
+                for c in 0..channels {
+                    for q in 0..stride {
+                        let want = if q < count {
+                            src[c * stride + q]
+                        } else {
+                            -T::ONE
+                        };
+                        assert_eq!(back[c * stride + q], want, "{channels} {count} {c} {q}");
+                    }
                 }
             }
         }
+        check::<f32>();
+        check::<f64>();
     }
 }
