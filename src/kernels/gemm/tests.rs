@@ -285,6 +285,10 @@ fn gemm_shapes_timing() {
             ("column gradient Wt.gt", 2304, 256, 512, false),
             ("weight gradient gt.colsT", 256, 512, 2304, true),
             ("forward W.cols", 256, 2304, 512, false),
+            // W2's forward tile: the whole 9.4 MB weight streams past 48 columns. Zen 4, AVX2:
+            // f32 85-98 GFLOP/s against 102-110 under AVX-512; running the A micro-panels in
+            // the outer loop (B's 3 panels reused from cache) gave 79-83 (f64: 32-35 -> 37-38).
+            ("W2 forward W.cols", 512, 4608, 48, false),
         ] {
             let a: Vec<T> = values(rows * depth, 37);
             let b: Vec<T> = values(depth * len, 53);
