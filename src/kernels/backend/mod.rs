@@ -196,22 +196,27 @@ pub trait Lanes<T: Copy + Default, B: Backend>: Copy {
 
     /// Writes the `N x N` transpose of the block whose row `i < rows` is
     /// `src[i * stride ..][..N]` (rows past `rows` read as zero) to `dst`, row `k` at
-    /// `dst[k * ld ..][..N]`: exact copies. Element by element unless a backend has better.
+    /// `dst[k * ld ..][..N]`: exact copies, through [`Lanes::transpose`] (in registers where
+    /// the backend has shuffles). Measured on an AMD Zen 4 (`gemm_shapes_timing`: the weight
+    /// gradient's product `256 x 512 x 2304`, whose `B` is packed from its transpose, AVX2,
+    /// 1 thread, 3 alternating rounds): 87.6-91.1 -> 90.3-97.3 GFLOP/s against copying element
+    /// by element. AVX-512 keeps its own form (raw loads and stores): this one measured
+    /// 84-96 against its 93-100 GFLOP/s there.
     ///
     /// # Panics
     /// If `rows` is not in `1..=N` or a row lies outside its slice.
     #[inline(always)]
-    fn transpose_block(_: B, src: &[T], stride: usize, rows: usize, dst: &mut [T], ld: usize) {
-        assert!((1..=Self::N).contains(&rows));
-        for k in 0..Self::N {
-            let row = &mut dst[k * ld..][..Self::N];
-            for (i, d) in row.iter_mut().enumerate() {
-                *d = if i < rows {
-                    src[i * stride + k]
-                } else {
-                    T::default()
-                };
-            }
+    fn transpose_block(b: B, src: &[T], stride: usize, rows: usize, dst: &mut [T], ld: usize) {
+        let n = Self::N;
+        assert!((1..=n).contains(&rows) && n <= 16);
+        let zero = Self::splat(b, T::default());
+        let mut block = [zero; 16];
+        for (i, v) in block[..rows].iter_mut().enumerate() {
+            *v = Self::load(b, &src[i * stride..]);
+        }
+        Self::transpose(b, &mut block[..n]);
+        for (k, v) in block[..n].iter().enumerate() {
+            v.store(&mut dst[k * ld..]);
         }
     }
 }

@@ -70,6 +70,8 @@ per_backend!(
     lanes_f64,
     transpose_f32,
     transpose_f64,
+    transpose_block_f32,
+    transpose_block_f64,
     dispatch_reaches_backend
 );
 
@@ -341,6 +343,43 @@ fn check_transpose<B: Backend, T: Float>(b: B) {
 
 fn transpose_f32<B: Backend>(b: B) {
     check_transpose::<B, f32>(b);
+}
+
+/// [`Lanes::transpose_block`] writes `dst[k * ld + i] = src[i * stride + k]` for the given
+/// rows and zeros for the others, and leaves the gaps between `dst`'s rows alone.
+fn check_transpose_block<B: Backend, T: Float>(b: B) {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let (stride, ld) = (n + 3, n + 2);
+    let src: Vec<T> = (0..n * stride)
+        .map(|i| T::from_f64(i as f64 + 0.25))
+        .collect();
+    for rows in 1..=n {
+        let mut dst = vec![-T::ONE; n * ld];
+        T::V::<B>::transpose_block(b, &src, stride, rows, &mut dst, ld);
+        for k in 0..n {
+            for i in 0..ld {
+                let want = match i {
+                    i if i < rows => src[i * stride + k],
+                    i if i < n => T::ZERO,
+                    _ => -T::ONE,
+                };
+                assert_eq!(
+                    dst[k * ld + i],
+                    want,
+                    "{} rows {rows} ({k}, {i})",
+                    B::ISA.name()
+                );
+            }
+        }
+    }
+}
+
+fn transpose_block_f32<B: Backend>(b: B) {
+    check_transpose_block::<B, f32>(b);
+}
+
+fn transpose_block_f64<B: Backend>(b: B) {
+    check_transpose_block::<B, f64>(b);
 }
 
 fn transpose_f64<B: Backend>(b: B) {
