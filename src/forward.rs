@@ -39,7 +39,7 @@ use crate::geometry::{checked_elements, try_zeros, Geometry};
 use crate::kernels::channel_lanes;
 use crate::kernels::gather::SampleTable;
 use crate::kernels::gemm::{GemmScratch, MatB, MatC, TileGemm};
-use crate::kernels::lanes::{isa, Isa};
+use crate::kernels::lanes::isa;
 use crate::kernels::pixel_major::PixelMajor;
 use crate::kernels::{fill_columns, Source, TileRows, TileSpan};
 use crate::params::ConvParams;
@@ -222,17 +222,14 @@ fn run<T: Float>(
     let shared = SharedOut(out_slice.as_mut_ptr());
     let engine = TileGemm::new(weight, geo.groups, rows, depth);
 
-    // The channel-vectorised gather (deformable; the tuned kernel for `f32` on AVX-512, the
-    // generic one where `channel_lanes::replaces_pixel_gather` says it measured faster) reads
+    // The channel-vectorised gather (deformable, where `channel_lanes::replaces_pixel_gather`
+    // says it measured faster) reads
     // the images pixel-major, copied a bounded chunk of images at a time; tiles are cut at
     // chunk boundaries, which changes no bits (the gather is per element and the GEMMs' sums
     // do not depend on the tiling; `chunked_pixel_major_copies_change_no_bits` checks it on
     // each cap). Other paths run the whole batch as one chunk.
     let per_chunk = PixelMajor::<T>::images_per_chunk(geo.c_in, geo.h * geo.w);
-    let channel_gather_runs = match isa() {
-        Isa::Avx512 if T::IS_F32 => true,
-        isa => channel_lanes::replaces_pixel_gather::<T>(isa),
-    };
+    let channel_gather_runs = channel_lanes::replaces_pixel_gather::<T>(isa());
     let channel_gather_input =
         Some(src.input).filter(|_| src.offset.is_some() && channel_gather_runs && per_chunk > 0);
     let chunk_images = if channel_gather_input.is_some() {

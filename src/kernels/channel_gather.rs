@@ -1,12 +1,12 @@
-//! The deformable gather vectorised across channels, tuned for `f32` on AVX-512F (other
-//! backends and `f64` run the generic form, [`super::channel_lanes`]): for one tap and 16
-//! output pixels, each pixel's sample is interpolated for 16 channels at once from the
-//! pixel-major image ([`super::pixel_major`]), one vector load per corner, and the 16 x 16
-//! block (pixels x channels) is transposed in registers into 16 rows of the column tile.
+//! The deformable gather vectorised across channels for segments of at most 8 channels, tuned
+//! for `f32` on AVX-512F: two output pixels share a vector (lanes 0-7 and 8-15), so no lane
+//! idles where the generic form ([`super::channel_lanes`], which every other case runs) would
+//! leave half of the sixteen empty. W1 (8 channels, 1 thread): deformable forward 1.28 ->
+//! 1.02 ms, 2 threads 0.69 -> 0.49 ms (min of 500 runs).
 //!
-//! The per-pixel-vectorised gather ([`super::lanes::interpolate`]) needs a hardware gather
-//! per corner and 16 samples; here a corner of 16 samples is one plain load. Measured on
-//! this machine (W4, 1 thread): the gather went from ~4.5 to ~0.6 cycles per sample.
+//! Wider segments once had a tuned sixteen-channel form here too; the generic form measured
+//! within 0.5-2.3% of it (AMD Zen 4, W2 and W4 forward, 1 and 2 threads, 4 alternating
+//! rounds), so it went.
 //!
 //! Arithmetic: `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate multiplies and adds,
 //! the same operations in the same order as [`super::lanes::interpolate`], so the
@@ -42,7 +42,8 @@ impl ChannelRows {
 }
 
 /// The rows `rows` of the column tile, for `q < len`:
-/// `out.cols[((c - first) * taps + k) * out.ld + q] = m * B(channel c, sample (k, q))`.
+/// `out.cols[((c - first) * taps + k) * out.ld + q] = m * B(channel c, sample (k, q))`, for
+/// at most 8 channels.
 ///
 /// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k`
 /// (non-negative indices below `image.zero_pixel`).
@@ -54,6 +55,10 @@ pub(crate) fn interpolate_tap(
     out: TileRows<'_, f32>,
 ) {
     let (channels, c_lo) = (&rows.channels, rows.first);
+    assert!(
+        channels.len() <= 8,
+        "more than 8 channels for the paired gather"
+    );
     assert!(
         image.values.len() >= (image.zero_pixel + 1) * image.channels
             && channels.end <= image.channels
@@ -73,7 +78,7 @@ pub(crate) fn interpolate_tap(
     #[cfg(target_arch = "x86_64")]
     if super::lanes::isa() == super::lanes::Isa::Avx512 {
         // SAFETY: AVX-512F was detected; the bounds asserted above are the kernel's contract.
-        unsafe { x86::interpolate_tap(image, rows, tap, len, out) };
+        unsafe { x86::interpolate_tap_pairs(image, rows, tap, len, out) };
         return;
     }
     // Not reached from the gather (it calls this on AVX-512 only); the same bits anyway.
@@ -90,110 +95,8 @@ pub(crate) fn interpolate_tap(
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{ChannelRows, PixelImage, TapRow, TileRows};
-    use crate::kernels::transpose::{first_lanes, transpose16};
+    use crate::kernels::transpose::first_lanes;
     use std::arch::x86_64::*;
-
-    /// [`super::interpolate_tap`] on AVX-512F.
-    ///
-    /// # Safety
-    /// AVX-512F; the bounds that [`super::interpolate_tap`] asserts.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn interpolate_tap(
-        image: PixelImage<'_, f32>,
-        rows: ChannelRows,
-        tap: &TapRow<'_, f32>,
-        len: usize,
-        out: TileRows<'_, f32>,
-    ) {
-        if rows.channels.len() <= 8 {
-            // SAFETY: as this function's.
-            unsafe { interpolate_tap_pairs(image, rows, tap, len, out) };
-            return;
-        }
-        let PixelImage {
-            values: image,
-            channels: c_in,
-            zero_pixel,
-        } = image;
-        let ChannelRows {
-            channels,
-            first: c_lo,
-            taps,
-            k,
-        } = rows;
-        let TileRows { cols, ld } = out;
-        let base = image.as_ptr();
-        let out = cols.as_mut_ptr();
-        // stage[b * 16 + p]: channel block b of pixel p. Each pixel's corner rows are read
-        // front to back over up to 256 channels before the next pixel's (prefetch-friendly;
-        // W4 1 thread: 60.8 -> 53.5 ms against finishing one 16 x 16 block at a time).
-        const MAX_BLOCKS: usize = 16;
-        // Not initialised: only entries written for the current pixels are read back.
-        let mut stage = [std::mem::MaybeUninit::<__m512>::uninit(); MAX_BLOCKS * 16];
-        let mut part = channels.start;
-        while part < channels.end {
-            let part_end = channels.end.min(part + 16 * MAX_BLOCKS);
-            let channels = part..part_end;
-            part = part_end;
-            let blocks = (channels.end - channels.start).div_ceil(16);
-            for q0 in (0..len).step_by(16) {
-                let pw = 16.min(len - q0);
-                for p in 0..pw {
-                    let q = q0 + p;
-                    let mut at = [0usize; 4];
-                    let mut wt = [_mm512_setzero_ps(); 4];
-                    for t in 0..4 {
-                        let i = tap.index[t][q];
-                        let pixel = if i < 0 { zero_pixel } else { i as usize };
-                        debug_assert!(pixel <= zero_pixel);
-                        at[t] = pixel * c_in;
-                        wt[t] = _mm512_set1_ps(tap.weight[t][q]);
-                    }
-                    let m = tap.mask.map(|m| _mm512_set1_ps(m[q]));
-                    for b in 0..blocks {
-                        let c0 = channels.start + 16 * b;
-                        let lanes = first_lanes(16.min(channels.end - c0));
-                        let mut sum = _mm512_setzero_ps();
-                        for t in 0..4 {
-                            // SAFETY: the pixel is at most zero_pixel and channels c0 .. + 16 (masked
-                            // to channels.end <= c_in) lie in the image ((zero_pixel + 1) * c_in
-                            // values, caller's contract).
-                            let v = unsafe { _mm512_maskz_loadu_ps(lanes, base.add(at[t] + c0)) };
-                            let prod = _mm512_mul_ps(wt[t], v);
-                            sum = if t == 0 {
-                                prod
-                            } else {
-                                _mm512_add_ps(sum, prod)
-                            };
-                        }
-                        if let Some(m) = m {
-                            sum = _mm512_mul_ps(m, sum);
-                        }
-                        stage[b * 16 + p].write(sum);
-                    }
-                }
-                for b in 0..blocks {
-                    let c0 = channels.start + 16 * b;
-                    let cw = 16.min(channels.end - c0);
-                    let mut block = [_mm512_setzero_ps(); 16];
-                    for (p, v) in block.iter_mut().enumerate().take(pw) {
-                        // SAFETY: entry b * 16 + p was written above for every pixel p < pw.
-                        *v = unsafe { stage[b * 16 + p].assume_init() };
-                    }
-                    // SAFETY: AVX-512F (this function's contract).
-                    unsafe { transpose16(&mut block) };
-                    for (ci, v) in block.iter().enumerate().take(cw) {
-                        let row = (c0 + ci - c_lo) * taps + k;
-                        // SAFETY: row <= (channels.end - 1 - c_lo) * taps + k and q0 + pw <= len
-                        // <= ld, so the masked lanes lie in `cols` (caller's contract).
-                        unsafe {
-                            _mm512_mask_storeu_ps(out.add(row * ld + q0), first_lanes(pw), *v)
-                        };
-                    }
-                }
-            }
-        }
-    }
 
     /// Where element `(p, c)` of a 16-pixel x 8-channel block lies, `(vector, lane)`, before
     /// (`stage` 0: two pixels a vector) and after each round of [`transpose_pairs`] (`stage`
@@ -247,15 +150,13 @@ mod x86 {
         }
     }
 
-    /// [`interpolate_tap`] for at most 8 channels: two pixels share a vector (lanes 0-7 and
-    /// 8-15), so no lane is idle and the block transpose is 24 permutes instead of 64. W1 (8
-    /// channels, 1 thread): deformable forward 1.28 -> 1.02 ms,
-    /// 2 threads 0.69 -> 0.49 ms (min of 500 runs).
+    /// [`super::interpolate_tap`] on AVX-512F: two pixels share a vector (lanes 0-7 and
+    /// 8-15), and the block transpose is 24 permutes instead of 64.
     ///
     /// # Safety
     /// AVX-512F; the bounds that [`super::interpolate_tap`] asserts; `channels.len() <= 8`.
     #[target_feature(enable = "avx512f")]
-    unsafe fn interpolate_tap_pairs(
+    pub(super) unsafe fn interpolate_tap_pairs(
         image: PixelImage<'_, f32>,
         rows: ChannelRows,
         tap: &TapRow<'_, f32>,
@@ -480,8 +381,8 @@ mod tests {
         }
     }
 
-    /// The gather the forward runs (the tuned AVX-512 `f32` kernel on AVX-512, the generic one
-    /// elsewhere), in `f32` and `f64`.
+    /// The gather the forward runs (the paired AVX-512 `f32` kernel for at most 8 channels on
+    /// AVX-512, the generic one elsewhere), in `f32` and `f64`.
     #[test]
     fn equals_the_pixel_gather_bit_for_bit() {
         fn dispatched<T: Float>() {

@@ -21,9 +21,10 @@ use super::pixel_major::PixelImage;
 use super::TileRows;
 
 /// Whether the forward runs this kernel instead of the per-pixel gather on backend `isa` for
-/// element `T` (the AVX-512 `f32` case has its own tuned kernel, [`super::channel_gather`]):
-/// where it measured faster, every vector backend in `f32` and `f64`; not the scalar one, where
-/// both gathers are one value at a time and the copy to pixel-major did not pay.
+/// element `T` (on AVX-512, `f32` segments of at most 8 channels take the paired kernel of
+/// [`super::channel_gather`] instead): where it measured faster, every vector backend in `f32`
+/// and `f64`; not the scalar one, where both gathers are one value at a time and the copy to
+/// pixel-major did not pay.
 ///
 /// Deformable forward in ms, per-pixel gather (main's binary) -> this kernel, min of runs
 /// alternating the two binaries in one sitting, Intel Xeon with AVX-512, 2 threads:
@@ -70,8 +71,7 @@ use super::TileRows;
 pub(crate) fn replaces_pixel_gather<T: Element>(isa: Isa) -> bool {
     match isa {
         Isa::Scalar => false,
-        Isa::Portable | Isa::Avx2 => true,
-        Isa::Avx512 => !T::IS_F32,
+        Isa::Portable | Isa::Avx2 | Isa::Avx512 => true,
     }
 }
 

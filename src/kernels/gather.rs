@@ -305,9 +305,9 @@ impl<'a, T> TableView<'a, T> {
 /// `H * W <= i32::MAX`, `ld >= len` and `cols.len() >= (C_in/groups * K - 1) * ld + len`.
 ///
 /// With `images` (the batch's images pixel-major, holding `image`) the samples are
-/// interpolated for a vector of channels at a time, with the same bits: 16 by the tuned
-/// kernel for `f32` on AVX-512 ([`super::channel_gather`]), `N` (the backend's lanes) by the
-/// generic one ([`super::channel_lanes`]) otherwise.
+/// interpolated for a vector of channels at a time, with the same bits: `N` (the backend's
+/// lanes) by the generic kernel ([`super::channel_lanes`]), or, for `f32` segments of at most
+/// 8 channels on AVX-512, two pixels of 8 a vector ([`super::channel_gather`]).
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
@@ -368,9 +368,9 @@ fn gather_with<T: Float, const TUNED: bool>(
         let og = c / per_og;
         let chunk_end = c_hi.min((og + 1) * per_og);
         table.build(src, offset, image, og, start, len);
-        // The tuned AVX-512 `f32` kernel where it runs, else the generic one.
+        // The paired AVX-512 `f32` kernel for at most 8 channels, else the generic one.
         let tuned_image = images
-            .filter(|_| TUNED && backend::isa() == backend::Isa::Avx512)
+            .filter(|_| TUNED && backend::isa() == backend::Isa::Avx512 && chunk_end - c <= 8)
             .and_then(|images| images.image(image).as_f32());
         if let (Some(pixel_image), Some(table), Some(cols)) =
             (tuned_image, table.view_f32(), T::as_f32_mut(&mut *cols))

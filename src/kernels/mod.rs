@@ -1,10 +1,11 @@
 //! The compute kernels of the fast path: column gathers (dense im2col; the deformable bilinear
 //! gather, per pixel in `gather` or a vector of channels at a time from pixel-major images
-//! (`pixel_major`): tuned for `f32` on AVX-512 in `channel_gather`, with its table built by
-//! `locate_avx512`, and written once over the backend's vectors in `channel_lanes`), the one GEMM call site and our AVX-512 `f32` GEMM (`sgemm`), and the
-//! backward's sampling table (`taps`), atomic-free col2im scatter (`col2im`) and coordinate /
-//! mask gradients (`coord`), or, for deformable `f32` on a vector backend, both fused on pixel-major planes a
-//! vector of channels at a time (`channel_backward`).
+//! (`pixel_major`): written once over the backend's vectors in `channel_lanes`, with a paired
+//! AVX-512 `f32` form for at most 8 channels in `channel_gather` and the `f32` table built by
+//! `locate_avx512` on AVX-512), the GEMM (`gemm`), and the backward's sampling table
+//! (`taps`), atomic-free col2im scatter (`col2im`) and coordinate / mask gradients (`coord`),
+//! or, for deformable `f32` on a vector backend, both fused on pixel-major planes a vector of
+//! channels at a time (`channel_backward`).
 //!
 //! # The column tile
 //!
@@ -22,8 +23,7 @@
 //! `B` is the pixel itself or 0 in the padding). Rows are `(c', k)` in the order of the
 //! weight's `[C_out, C_in/groups, kh, kw]` layout, so the group's weight block
 //! `weight[g * C_out/groups ..][.., ..]` is a row-major `(C_out/groups) x (C_in/groups * K)`
-//! matrix and the tile's output is `weight_g · cols` (see [`gemm`], and [`sgemm`] for the
-//! AVX-512 `f32` kernel). The backward pass reuses
+//! matrix and the tile's output is `weight_g · cols` (see [`gemm`]). The backward pass reuses
 //! this tile for `grad_weight = G_tile · colsᵀ`.
 //!
 //! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
