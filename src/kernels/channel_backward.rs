@@ -272,9 +272,22 @@ fn pass<
             let (mut sy, mut sx, mut sm) = (zero, zero, zero);
             for o in (0..count).step_by(n) {
                 let lanes = n.min(count - o);
-                // Rows `row .. row + count` of gcol and cols lie in them (asserted); lanes
-                // past the segment read and write nothing and hold zeros, which add zero to
-                // the sums below.
+                // Rows `row .. row + count` of gcol and cols lie in them (asserted). Lanes past
+                // the segment read and write nothing and hold zeros, also in `m`, `ly` and
+                // `lx`, so that they add exactly zero to the sums below even where those are
+                // infinite or NaN.
+                let (m, ly, lx) = if lanes == n {
+                    (m, ly, lx)
+                } else {
+                    // Macro, not closure: a closure left out of line loses the backend's
+                    // features.
+                    macro_rules! live {
+                        ($x:expr) => {
+                            V::<B, T>::load_partial(b, &[$x; 16][..lanes])
+                        };
+                    }
+                    (live!(table.m[e]), live!(table.ly[e]), live!(table.lx[e]))
+                };
                 let g = if need_g {
                     load!(gcol, row + o, lanes)
                 } else {
@@ -377,8 +390,8 @@ mod tests {
     /// table (interior, border, outside, far-away, NaN and infinite samples), for segments
     /// starting at channel 3 of 37-channel cells with 24 channels (a full vector and a
     /// half-width one) and 34 (two full vectors and a masked tail), a tile that is not a
-    /// multiple of 16, and every combination of outputs: `cols` bitwise, the reordered sums
-    /// within a relative 1e-5 (NaN where the old kernels give NaN).
+    /// multiple of 16, infinite masks, and every combination of outputs: `cols` bitwise, the
+    /// reordered sums within a relative 1e-5 (NaN where the old kernels give NaN).
     #[test]
     fn fused_pass_matches_the_channel_major_kernels() {
         // Segments of at most 8 channels (two samples a vector, `pairs`): 8, 5 and 1.
@@ -413,8 +426,11 @@ mod tests {
             }
             pm
         };
-        let taps =
+        let mut taps =
             crate::kernels::taps::tests::hostile_table(layout, k_taps, tile, images, &mut next);
+        // Infinite masks: lanes past the segment must not turn their sums into NaN.
+        taps[4].m = f32::INFINITY;
+        taps[17].m = f32::NEG_INFINITY;
         let mut table = TapColumns::default();
         table.fill(&taps);
         // gcol channel-major `[(c K + k)][tile]` and pixel-major `[(q K + k) count + c]`.
