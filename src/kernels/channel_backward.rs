@@ -386,21 +386,36 @@ mod tests {
     /// Outputs of one pass: grad planes (channel-major), dy, dx, mask, cols (channel-major).
     type Results = [Vec<f32>; 5];
 
-    /// The fused pixel-major pass against the channel-major col2im + coord kernels on the same
-    /// table (interior, border, outside, far-away, NaN and infinite samples), for segments
-    /// starting at channel 3 of 37-channel cells with 24 channels (a full vector and a
-    /// half-width one) and 34 (two full vectors and a masked tail), a tile that is not a
-    /// multiple of 16, infinite masks, and every combination of outputs: `cols` bitwise, the
-    /// reordered sums within a relative 1e-5 (NaN where the old kernels give NaN).
+    /// The fused pixel-major pass on every backend against the channel-major col2im + coord
+    /// kernels on the same table (interior, border, outside, far-away, NaN and infinite
+    /// samples), for segments starting at channel 3 of 37-channel cells with 24 channels (a
+    /// full vector and a half-width one) and 34 (two full vectors and a masked tail), a tile
+    /// that is not a multiple of 16, infinite masks, and every combination of outputs: `cols`
+    /// bitwise, the reordered sums within a relative 1e-5 (NaN where the old kernels give NaN).
     #[test]
     fn fused_pass_matches_the_channel_major_kernels() {
-        // Segments of at most 8 channels (two samples a vector, `pairs`): 8, 5 and 1.
-        for seg in [3..27, 3..37, 3..11, 5..10, 36..37] {
-            fused_pass_case(seg);
+        use crate::kernels::backend::tests::token;
+        use crate::kernels::backend::{Isa, Portable, Scalar};
+        fn on<B: Backend>(b: Option<B>, isa: Isa) {
+            let Some(b) = token(b, isa) else {
+                return;
+            };
+            // Segments of at most 8 channels (two samples a vector, `pairs`, on AVX-512): 8, 5
+            // and 1.
+            for seg in [3..27, 3..37, 3..11, 5..10, 36..37] {
+                fused_pass_case(b, seg);
+            }
+        }
+        on(Some(Scalar::new()), Isa::Scalar);
+        on(Some(Portable::new()), Isa::Portable);
+        #[cfg(target_arch = "x86_64")]
+        {
+            on(crate::kernels::backend::Avx2::new(), Isa::Avx2);
+            on(crate::kernels::backend::Avx512::new(), Isa::Avx512);
         }
     }
 
-    fn fused_pass_case(seg: std::ops::Range<usize>) {
+    fn fused_pass_case<B: Backend>(b: B, seg: std::ops::Range<usize>) {
         let layout = PlaneLayout::zero_bordered(5, 7);
         let (k_taps, tile, cells, images) = (3usize, 37usize, 37usize, 2usize);
         let count = seg.len();
@@ -505,7 +520,15 @@ mod tests {
                 input: &input,
                 grad: &mut grad_pm,
             };
-            run(planes, shape, &table, &gcol_pm, seg.clone(), want, out);
+            b.vectorize(Pass {
+                planes,
+                shape,
+                table: &table,
+                gcol: &gcol_pm,
+                channels: seg.clone(),
+                want,
+                out,
+            });
             for c in 0..cells {
                 for i in 0..stride {
                     new[0][c * stride + i] = grad_pm[i * cells + c];
