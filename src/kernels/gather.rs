@@ -37,9 +37,9 @@ pub(crate) struct SampleTable<T> {
     index: Vec<i32>,
     weight: Vec<T>,
     mask: Vec<T>,
-    /// `y * stride_h - pad_top` and `x * stride_w - pad_left` of each pixel (vector build).
-    base_y: Vec<i32>,
-    base_x: Vec<i32>,
+    /// `y * stride_h - pad_top` and `x * stride_w - pad_left` of each pixel (vector builds).
+    base_y: Vec<T>,
+    base_x: Vec<T>,
 }
 
 impl<T: Float> SampleTable<T> {
@@ -68,9 +68,8 @@ impl<T: Float> SampleTable<T> {
         // One branch per table; each arm is its own monomorphic copy of the loop (a direct
         // call to an `#[inline(always)]` rule, no closure), so the torchvision loop is exactly
         // the one it was before conventions existed.
-        #[cfg(target_arch = "x86_64")]
         if !matches!(src.convention, Convention::DcnV1)
-            && self.build_avx512(src, offset, image, og, start, len)
+            && self.build_vector(src, offset, image, og, start, len)
         {
             return;
         }
@@ -86,11 +85,10 @@ impl<T: Float> SampleTable<T> {
         }
     }
 
-    /// The table build of torchvision's (and mmcv's) rule 16 pixels at a time
-    /// ([`super::locate_avx512`]), when `T` is `f32`, the CPU has AVX-512F and every undeformed
-    /// position is below `2^30` in magnitude; returns whether it ran.
-    #[cfg(target_arch = "x86_64")]
-    fn build_avx512(
+    /// The table build of torchvision's (and mmcv's) rule a vector of pixels at a time
+    /// ([`super::locate`]), when every undeformed position is below [`locate::LIMIT`] and the
+    /// plane below [`locate::MAX_PLANE`] pixels; returns whether it ran.
+    fn build_vector(
         &mut self,
         src: &Source<'_, T>,
         offset: &[T],
@@ -99,20 +97,17 @@ impl<T: Float> SampleTable<T> {
         start: usize,
         len: usize,
     ) -> bool {
-        use super::locate_avx512::{AxisSamples, RowOut};
+        use super::locate::{self, AxisSamples, RowOut};
         let g = src.geo;
-        let limit = 1usize << 30;
         let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
             out.checked_mul(stride)
                 .and_then(|v| v.checked_add(k.checked_mul(dil)?))
-                .is_some_and(|v| v < limit && pad < limit)
+                .is_some_and(|v| v < locate::LIMIT && pad < locate::LIMIT)
         };
-        let Some(offset) = T::as_f32(offset) else {
-            return false;
-        };
-        if lanes::isa() != lanes::Isa::Avx512
-            || !reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top)
+        if !reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top)
             || !reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left)
+            || g.h.saturating_mul(g.w) >= locate::MAX_PLANE
+            || g.h.max(g.w) >= locate::LIMIT
         {
             return false;
         }
@@ -121,22 +116,21 @@ impl<T: Float> SampleTable<T> {
         let pixels = g.out_pixels();
         self.index.resize(4 * entries, NO_CORNER);
         self.weight.resize(4 * entries, T::ZERO);
-        self.base_y.resize(len, 0);
-        self.base_x.resize(len, 0);
+        self.base_y.resize(len, T::ZERO);
+        self.base_x.resize(len, T::ZERO);
         let (mut y, mut x) = (start / g.w_out, start % g.w_out);
         for q in 0..len {
-            // Below 2^30 by the check above.
-            self.base_y[q] = (y * g.stride_h) as i32 - g.pad_top as i32;
-            self.base_x[q] = (x * g.stride_w) as i32 - g.pad_left as i32;
+            // Exact integers below 2^22 by the check above.
+            self.base_y[q] = T::from_usize(y * g.stride_h) - T::from_usize(g.pad_top);
+            self.base_x[q] = T::from_usize(x * g.stride_w) - T::from_usize(g.pad_left);
             x += 1;
             if x == g.w_out {
                 (x, y) = (0, y + 1);
             }
         }
         self.copy_mask(src, image, og, start, len);
-        let weight = T::as_f32_mut(&mut self.weight).expect("T is f32, as its offsets are");
         let [i0, i1, i2, i3] = corners(&mut self.index, entries);
-        let [w0, w1, w2, w3] = corners(weight, entries);
+        let [w0, w1, w2, w3] = corners(&mut self.weight, entries);
         let offset_channels = 2 * g.offset_groups * taps;
         for k in 0..taps {
             let (i, j) = (k / g.kw, k % g.kw);
@@ -160,19 +154,17 @@ impl<T: Float> SampleTable<T> {
             };
             let y = AxisSamples {
                 base: &self.base_y,
-                tap: (i * g.dil_h) as i32,
+                tap: T::from_usize(i * g.dil_h),
                 offset: dys,
                 size: g.h,
             };
             let x = AxisSamples {
                 base: &self.base_x,
-                tap: (j * g.dil_w) as i32,
+                tap: T::from_usize(j * g.dil_w),
                 offset: dxs,
                 size: g.w,
             };
-            // SAFETY: AVX-512F detected; every slice holds `len` values; bases plus tap
-            // offsets stay below 2^30 (checked above) and H * W <= i32::MAX (caller).
-            unsafe { super::locate_avx512::locate_row(y, x, len, out) };
+            locate::locate_row(y, x, len, out);
         }
         true
     }
@@ -503,20 +495,23 @@ fn corners<U>(v: &mut [U], entries: usize) -> [&mut [U]; 4] {
     [a, b, c, &mut rest[..entries]]
 }
 
-#[cfg(all(test, target_arch = "x86_64"))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::geometry::Geometry;
     use crate::params::ConvParams;
 
-    /// The AVX-512 table build gives the scalar build's bits, on offsets that hit every branch
-    /// of the rule: exact integers, the `-1` and `H - 1` borders, NaN, infinities, huge values
-    /// (the scalar fallback) and ragged pixel ranges.
+    /// The vector table build (on the backend of `isa`, each CI cap) gives the scalar build's
+    /// bits, in `f32` and `f64`, on offsets that hit every branch of the rule: exact integers,
+    /// tiny fractions, the `-1` and `H - 1` borders, NaN, infinities, huge values (the scalar
+    /// fallback) and ragged pixel ranges.
     #[test]
     fn vector_build_equals_scalar_build() {
-        if lanes::isa() != lanes::Isa::Avx512 {
-            return;
-        }
+        vector_build_case::<f32>();
+        vector_build_case::<f64>();
+    }
+
+    fn vector_build_case<T: Float>() {
         let specials = [
             0.0f32,
             -1.0,
@@ -531,7 +526,11 @@ mod tests {
             -1e30,
             4_194_304.0,
             -4_194_303.5,
-        ];
+            1e-30,
+            -1e-30,
+            -0.0,
+        ]
+        .map(|v| T::from_f64(f64::from(v)));
         let mut state = 5u32;
         let mut next = move || {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
@@ -546,13 +545,13 @@ mod tests {
                 .dilation(dil, dil)
                 .offset_groups(2);
             let geo = Geometry::new([1, 4, h, w], [3, 4, k, k], &params).unwrap();
-            let offset: Vec<f32> = (0..2 * 2 * k * k * geo.out_pixels())
+            let offset: Vec<T> = (0..2 * 2 * k * k * geo.out_pixels())
                 .map(|_| {
                     let r = next();
                     if r % 3 == 0 {
                         specials[(r as usize / 3) % specials.len()]
                     } else {
-                        (r % 4096) as f32 / 256.0 - 8.0
+                        T::from_f64(f64::from(r % 4096) / 256.0 - 8.0)
                     }
                 })
                 .collect();
@@ -561,11 +560,11 @@ mod tests {
             let mut offset = offset;
             for ch in 0..2 * k * k {
                 for x in 0..geo.w_out {
-                    offset[(2 * ch) * geo.out_pixels() + x] = 0.0;
+                    offset[(2 * ch) * geo.out_pixels() + x] = T::ZERO;
                 }
             }
-            let mask: Vec<f32> = (0..2 * k * k * geo.out_pixels())
-                .map(|i| i as f32)
+            let mask: Vec<T> = (0..2 * k * k * geo.out_pixels())
+                .map(T::from_usize)
                 .collect();
             let src = Source {
                 geo: &geo,
@@ -576,16 +575,19 @@ mod tests {
             };
             for (start, len) in [(0, geo.out_pixels()), (1, geo.out_pixels() - 1), (3, 5)] {
                 for og in 0..2 {
-                    let mut vector = SampleTable::<f32>::new();
-                    assert!(vector.build_avx512(&src, &offset, 0, og, start, len));
-                    let mut scalar = SampleTable::<f32>::new();
+                    let mut vector = SampleTable::<T>::new();
+                    assert!(vector.build_vector(&src, &offset, 0, og, start, len));
+                    let mut scalar = SampleTable::<T>::new();
                     scalar.build_inline::<false>(&src, &offset, 0, og, start, len);
                     assert_eq!(
                         vector.index, scalar.index,
                         "indices {h}x{w} k{k} og{og} {start}+{len}"
                     );
-                    let bits = |t: &SampleTable<f32>| {
-                        t.weight.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                    let bits = |t: &SampleTable<T>| {
+                        t.weight
+                            .iter()
+                            .map(|v| v.to_f64().to_bits())
+                            .collect::<Vec<_>>()
                     };
                     assert_eq!(
                         bits(&vector),

@@ -1,8 +1,8 @@
 //! The compute kernels of the fast path: column gathers (dense im2col; the deformable bilinear
 //! gather, per pixel in `gather` or a vector of channels at a time from pixel-major images
 //! (`pixel_major`): written once over the backend's vectors in `channel_lanes`, with a paired
-//! AVX-512 `f32` form for at most 8 channels in `channel_gather` and the `f32` table built by
-//! `locate_avx512` on AVX-512), the GEMM (`gemm`), and the backward's sampling table
+//! AVX-512 `f32` form for at most 8 channels in `channel_gather`; the table built a vector of
+//! pixels at a time by `locate`), the GEMM (`gemm`), and the backward's sampling table
 //! (`taps`), atomic-free col2im scatter (`col2im`) and coordinate / mask gradients (`coord`),
 //! or, for deformable `f32` on a vector backend, both fused on pixel-major planes a vector of
 //! channels at a time (`channel_backward`).
@@ -40,8 +40,8 @@ pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod lanes;
+pub(crate) mod locate;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod locate_avx512;
 pub(crate) mod pixel_major;
 pub(crate) mod taps;
 pub(crate) mod taps_avx512;

@@ -161,6 +161,31 @@ impl Lanes<f32, Avx2> for F32x8 {
         // SAFETY: FMA (a value exists).
         F32x8(unsafe { _mm256_fmadd_ps(self.0, m.0, a.0) })
     }
+    #[inline(always)]
+    fn floor(self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F32x8(unsafe { _mm256_floor_ps(self.0) })
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F32x8(unsafe { _mm256_andnot_ps(_mm256_set1_ps(-0.0), self.0) })
+    }
+    #[inline(always)]
+    fn lt_select(self, o: Self, yes: Self, no: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F32x8(unsafe { _mm256_blendv_ps(no.0, yes.0, _mm256_cmp_ps::<_CMP_LT_OQ>(self.0, o.0)) })
+    }
+    #[inline(always)]
+    fn store_i32(self, dst: &mut [i32]) {
+        let n = dst.len();
+        assert!(n <= 8);
+        // SAFETY: AVX2 (a value exists); only the first n lanes are written (masked store).
+        unsafe {
+            let v = _mm256_cvttps_epi32(self.0);
+            _mm256_maskstore_epi32(dst.as_mut_ptr(), first32(n), v)
+        }
+    }
     const GEMM_ROWS: usize = 6;
     const GEMM_VECTORS: usize = 2;
     /// 8 x 8 in three rounds of 8 shuffles: 32-bit interleaves of row pairs, 64-bit picks of
@@ -283,6 +308,31 @@ impl Lanes<f64, Avx2> for F64x4 {
     fn mul_add(self, m: Self, a: Self) -> Self {
         // SAFETY: FMA (a value exists).
         F64x4(unsafe { _mm256_fmadd_pd(self.0, m.0, a.0) })
+    }
+    #[inline(always)]
+    fn floor(self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F64x4(unsafe { _mm256_floor_pd(self.0) })
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F64x4(unsafe { _mm256_andnot_pd(_mm256_set1_pd(-0.0), self.0) })
+    }
+    #[inline(always)]
+    fn lt_select(self, o: Self, yes: Self, no: Self) -> Self {
+        // SAFETY: AVX2 (a value exists).
+        F64x4(unsafe { _mm256_blendv_pd(no.0, yes.0, _mm256_cmp_pd::<_CMP_LT_OQ>(self.0, o.0)) })
+    }
+    #[inline(always)]
+    fn store_i32(self, dst: &mut [i32]) {
+        let n = dst.len();
+        assert!(n <= 4);
+        // SAFETY: AVX2 (a value exists); only the first n lanes are written (masked store).
+        unsafe {
+            let v = _mm256_cvttpd_epi32(self.0);
+            _mm_maskstore_epi32(dst.as_mut_ptr(), _mm256_castsi256_si128(first32(n)), v)
+        }
     }
     const GEMM_ROWS: usize = 6;
     const GEMM_VECTORS: usize = 2;

@@ -134,6 +134,35 @@ impl Lanes<f32, Avx512> for F32x16 {
         // SAFETY: AVX-512F (a value exists).
         F32x16(unsafe { _mm512_fmadd_ps(self.0, m.0, a.0) })
     }
+    #[inline(always)]
+    fn floor(self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F32x16(unsafe {
+            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(self.0)
+        })
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F32x16(unsafe { _mm512_abs_ps(self.0) })
+    }
+    #[inline(always)]
+    fn lt_select(self, o: Self, yes: Self, no: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F32x16(unsafe {
+            let lt = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self.0, o.0);
+            _mm512_mask_blend_ps(lt, no.0, yes.0)
+        })
+    }
+    #[inline(always)]
+    fn store_i32(self, dst: &mut [i32]) {
+        assert!(dst.len() <= 16);
+        // SAFETY: AVX-512F (a value exists); only the first dst.len() lanes are written.
+        unsafe {
+            let v = _mm512_cvttps_epi32(self.0);
+            _mm512_mask_storeu_epi32(dst.as_mut_ptr(), first(dst.len()), v)
+        }
+    }
     const GEMM_ROWS: usize = 8;
     const GEMM_VECTORS: usize = 3;
     #[inline(always)]
@@ -257,6 +286,36 @@ impl Lanes<f64, Avx512> for F64x8 {
     fn mul_add(self, m: Self, a: Self) -> Self {
         // SAFETY: AVX-512F (a value exists).
         F64x8(unsafe { _mm512_fmadd_pd(self.0, m.0, a.0) })
+    }
+    #[inline(always)]
+    fn floor(self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F64x8(unsafe {
+            _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(self.0)
+        })
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F64x8(unsafe { _mm512_abs_pd(self.0) })
+    }
+    #[inline(always)]
+    fn lt_select(self, o: Self, yes: Self, no: Self) -> Self {
+        // SAFETY: AVX-512F (a value exists).
+        F64x8(unsafe {
+            let lt = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(self.0, o.0);
+            _mm512_mask_blend_pd(lt, no.0, yes.0)
+        })
+    }
+    #[inline(always)]
+    fn store_i32(self, dst: &mut [i32]) {
+        assert!(dst.len() <= 8);
+        // SAFETY: AVX-512F (a value exists); only the first dst.len() lanes are written.
+        unsafe {
+            let v = _mm512_cvttpd_epi32(self.0);
+            let m = first(dst.len());
+            _mm512_mask_storeu_epi32(dst.as_mut_ptr(), m, _mm512_castsi256_si512(v))
+        }
     }
     const GEMM_ROWS: usize = 8;
     const GEMM_VECTORS: usize = 3;

@@ -154,6 +154,15 @@ pub trait Lanes<T: Copy + Default, B: Backend>: Copy {
     /// `self * m + a` per lane: one rounding where the backend has FMA (AVX-512, AVX2, and
     /// `wide` where the target has it), two elsewhere; the same for every call on a backend.
     fn mul_add(self, m: Self, a: Self) -> Self;
+    /// `floor` per lane (exact; NaN and infinities stay).
+    fn floor(self) -> Self;
+    /// `|self|` per lane.
+    fn abs(self) -> Self;
+    /// Per lane `if self < o { yes } else { no }`, an ordered compare (false for NaN).
+    fn lt_select(self, o: Self, yes: Self, no: Self) -> Self;
+    /// Writes the first `dst.len() <= N` lanes (`dst.len() <= N`, checked), each an integer of
+    /// magnitude below `2^31`, as `i32` (another value gives some `i32`).
+    fn store_i32(self, dst: &mut [i32]);
     /// Lane `i` is `base[idx[i]]` where `idx[i] >= 0`, else 0 (nothing is read for it), for
     /// `i < N` (`idx.len() >= N`, checked).
     ///

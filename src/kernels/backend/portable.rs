@@ -79,6 +79,25 @@ macro_rules! wide_lanes {
             fn mul_add(self, m: Self, a: Self) -> Self {
                 <$v>::mul_add(self, m, a)
             }
+            #[inline(always)]
+            fn floor(self) -> Self {
+                <$v>::floor(self)
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                <$v>::abs(self)
+            }
+            #[inline(always)]
+            fn lt_select(self, o: Self, yes: Self, no: Self) -> Self {
+                wide::CmpLt::cmp_lt(self, o).blend(yes, no)
+            }
+            #[inline(always)]
+            fn store_i32(self, dst: &mut [i32]) {
+                assert!(dst.len() <= $n);
+                for (d, v) in dst.iter_mut().zip(self.to_array()) {
+                    *d = v as i32;
+                }
+            }
             const GEMM_ROWS: usize = 6;
             const GEMM_VECTORS: usize = 1;
             #[inline(always)]

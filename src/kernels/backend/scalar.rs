@@ -74,6 +74,29 @@ macro_rules! one_lane {
             fn mul_add(self, m: Self, a: Self) -> Self {
                 One(self.0 * m.0 + a.0)
             }
+            #[inline(always)]
+            fn floor(self) -> Self {
+                One(self.0.floor())
+            }
+            #[inline(always)]
+            fn abs(self) -> Self {
+                One(self.0.abs())
+            }
+            #[inline(always)]
+            fn lt_select(self, o: Self, yes: Self, no: Self) -> Self {
+                if self.0 < o.0 {
+                    yes
+                } else {
+                    no
+                }
+            }
+            #[inline(always)]
+            fn store_i32(self, dst: &mut [i32]) {
+                assert!(dst.len() <= 1);
+                if let Some(d) = dst.first_mut() {
+                    *d = self.0 as i32;
+                }
+            }
             const GEMM_ROWS: usize = 4;
             const GEMM_VECTORS: usize = 4;
             /// A 1 x 1 block is its own transpose.

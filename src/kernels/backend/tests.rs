@@ -68,6 +68,8 @@ per_backend!(
     interpolate_f64,
     lanes_f32,
     lanes_f64,
+    rounding_f32,
+    rounding_f64,
     transpose_f32,
     transpose_f64,
     transpose_block_f32,
@@ -289,6 +291,73 @@ fn check_lanes<B: Backend, T: Float>(b: B) {
             assert!(same(out[i], want), "{name} gather_partial {k} lane {i}");
         }
     }
+}
+
+/// `floor`, `abs`, `lt_select` and `store_i32` against the scalar operations, on negative and
+/// positive fractions, integers, signed zeros, infinities and NaN (every value in every lane).
+fn check_rounding<B: Backend, T: Float>(b: B) {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let name = B::ISA.name();
+    let values = [
+        -2.5,
+        -1.0,
+        -0.75,
+        -1e-30,
+        -0.0,
+        0.0,
+        1e-30,
+        0.5,
+        1.0,
+        3.999,
+        4_194_303.5,
+        -7.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ]
+    .map(T::from_f64);
+    let mut out = vec![T::ZERO; n];
+    for shift in 0..values.len() {
+        let x: Vec<T> = (0..n).map(|i| values[(i + shift) % values.len()]).collect();
+        let y: Vec<T> = (0..n)
+            .map(|i| values[(i * 7 + shift) % values.len()])
+            .collect();
+        let (vx, vy) = (T::V::<B>::load(b, &x), T::V::<B>::load(b, &y));
+        vx.floor().store(&mut out);
+        for i in 0..n {
+            let f = T::from_f64(x[i].to_f64().floor());
+            assert!(same(out[i], f), "{name} floor {:?}", x[i]);
+        }
+        vx.abs().store(&mut out);
+        for i in 0..n {
+            assert!(same(out[i], T::from_f64(x[i].to_f64().abs())), "{name} abs");
+        }
+        let (one, two) = (T::V::<B>::splat(b, T::ONE), T::V::<B>::splat(b, -T::ONE));
+        vx.lt_select(vy, one, two).store(&mut out);
+        for i in 0..n {
+            let want = if x[i] < y[i] { T::ONE } else { -T::ONE };
+            assert!(same(out[i], want), "{name} lt_select {:?} {:?}", x[i], y[i]);
+        }
+        let ints: Vec<T> = (0..n)
+            .map(|i| T::from_f64(i as f64 * 37.0 - 100.0))
+            .collect();
+        for k in 0..=n {
+            let mut dst = vec![i32::MIN; n + 1];
+            T::V::<B>::load(b, &ints).store_i32(&mut dst[..k]);
+            for (i, &d) in dst.iter().enumerate() {
+                let want = if i < k { i as i32 * 37 - 100 } else { i32::MIN };
+                assert_eq!(d, want, "{name} store_i32 {k} lane {i}");
+            }
+        }
+    }
+}
+
+fn rounding_f32<B: Backend>(b: B) {
+    check_rounding::<B, f32>(b);
+}
+
+fn rounding_f64<B: Backend>(b: B) {
+    check_rounding::<B, f64>(b);
 }
 
 fn lanes_f32<B: Backend>(b: B) {
