@@ -7,15 +7,15 @@ use super::plan::{ImageGroup, Piece};
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::kernels::columns::TapColumns;
+use crate::kernels::locate::{fill_columns, ColumnRun, LIMIT, MAX_PLANE};
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, Rule, Tap, TorchvisionRule};
 
 impl<T: Float> Scope<'_, '_, T> {
     /// Whether the tile tables are built straight into columns ([`Scope::build_columns`]):
-    /// pixel-major `f32` on AVX-512, torchvision, with offsets, and every base coordinate and
-    /// plane cell far inside `i32`. Measured on W1 (1 thread): the row table build and its column copy were
-    /// a third of the backward.
+    /// the pixel-major path, torchvision, with offsets, every base coordinate below
+    /// [`LIMIT`] and the task's plane cells below [`MAX_PLANE`]. Measured on W1 (1 thread):
+    /// the row table build and its column copy were a third of the backward.
     pub(super) fn direct_columns(&self) -> bool {
-        use crate::kernels::taps_avx512::LIMIT;
         let g = self.g;
         // Saturating: absurd strides or dilations must not overflow (they fail the check).
         let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
@@ -25,20 +25,17 @@ impl<T: Float> Scope<'_, '_, T> {
         };
         let reach_y = reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top);
         let reach_x = reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left);
-        use crate::kernels::backend::{isa, Isa};
         self.pixel_major
-            && cfg!(target_arch = "x86_64")
-            && isa() == Isa::Avx512
-            && T::IS_F32
             && self.ops.offset.is_some()
             && self.ops.convention == Convention::Torchvision
             && reach_y < LIMIT
             && reach_x < LIMIT
-            && (self.max_images + 1).saturating_mul(self.layout.len()) < LIMIT
+            && g.h.max(g.w) < LIMIT
+            && (self.max_images + 1).saturating_mul(self.layout.len()) < MAX_PLANE
     }
 
     /// The tile's table `[k][tile column]` built straight into `columns` (see
-    /// [`crate::kernels::taps_avx512`]); `bases` is scratch for the pixels' base coordinates.
+    /// [`fill_columns`]); `bases` is scratch for the pixels' base coordinates.
     #[inline(never)]
     pub(super) fn build_columns(
         &self,
@@ -46,70 +43,60 @@ impl<T: Float> Scope<'_, '_, T> {
         tile: &[Piece],
         width: usize,
         columns: &mut TapColumns<T>,
-        bases: &mut (Vec<i32>, Vec<i32>),
+        bases: &mut (Vec<T>, Vec<T>),
     ) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::kernels::taps_avx512::{fill_run, Run};
-            let g = self.g;
-            let k_taps = g.taps();
-            let hw = g.out_pixels();
-            let (base_y, base_x) = bases;
-            base_y.clear();
-            base_x.clear();
-            for pc in tile {
-                // Row-major pixels, walked without a division per pixel.
-                let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
-                for _ in pc.pixels.clone() {
-                    // In range: checked by `direct_columns`.
-                    base_y.push((y * g.stride_h) as i32 - g.pad_top as i32);
-                    base_x.push((x * g.stride_w) as i32 - g.pad_left as i32);
-                    x += 1;
-                    if x == g.w_out {
-                        (y, x) = (y + 1, 0);
-                    }
+        let g = self.g;
+        let k_taps = g.taps();
+        let hw = g.out_pixels();
+        let (base_y, base_x) = bases;
+        base_y.clear();
+        base_x.clear();
+        for pc in tile {
+            // Row-major pixels, walked without a division per pixel.
+            let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
+            for _ in pc.pixels.clone() {
+                // Integers below 2^22 (`direct_columns`), exact in T.
+                base_y.push(T::from_usize(y * g.stride_h) - T::from_usize(g.pad_top));
+                base_x.push(T::from_usize(x * g.stride_w) - T::from_usize(g.pad_left));
+                x += 1;
+                if x == g.w_out {
+                    (y, x) = (y + 1, 0);
                 }
             }
-            debug_assert_eq!(base_y.len(), width);
-            // Direct columns are used only when T is f32 (pixel-major only) and there are
-            // offsets.
-            let (Some(cols), Some(off)) = (
-                T::columns_as_f32_mut(columns),
-                self.ops.offset.and_then(T::as_f32),
-            ) else {
-                debug_assert!(false, "direct columns need f32 offsets");
-                return;
-            };
-            cols.resize(k_taps * width);
-            let mask = self.ops.mask.and_then(T::as_f32);
-            let oc = 2 * g.offset_groups * k_taps;
-            let mc = g.offset_groups * k_taps;
-            for k in 0..k_taps {
-                let (i, j) = (k / g.kw, k % g.kw);
-                let ch = self.og * k_taps + k;
-                for pc in tile {
-                    let (n, px) = (pc.image, pc.pixels.clone());
-                    let cols_of = pc.col0..pc.col0 + px.len();
-                    let dy0 = (n * oc + 2 * ch) * hw;
-                    let run = Run {
-                        at: k * width + pc.col0,
-                        base_y: &base_y[cols_of.clone()],
-                        base_x: &base_x[cols_of],
-                        tap_y: (i * g.dil_h) as i32,
-                        tap_x: (j * g.dil_w) as i32,
-                        dy: &off[dy0 + px.start..dy0 + px.end],
-                        dx: &off[dy0 + hw + px.start..dy0 + hw + px.end],
-                        m: mask.map(|m| &m[(n * mc + ch) * hw + px.start..][..px.len()]),
-                        plane0: (n - group.images.start) * self.layout.len(),
-                    };
-                    // SAFETY: AVX-512F was detected (`direct_columns`).
-                    unsafe { fill_run(cols, self.layout, &run) };
-                }
-            }
-            cols.finish();
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (group, tile, width, columns, bases);
+        debug_assert_eq!(base_y.len(), width);
+        let Some(off) = self.ops.offset else {
+            debug_assert!(false, "direct columns need offsets");
+            return;
+        };
+        columns.resize(k_taps * width);
+        let oc = 2 * g.offset_groups * k_taps;
+        let mc = g.offset_groups * k_taps;
+        for k in 0..k_taps {
+            let (i, j) = (k / g.kw, k % g.kw);
+            let ch = self.og * k_taps + k;
+            for pc in tile {
+                let (n, px) = (pc.image, pc.pixels.clone());
+                let cols_of = pc.col0..pc.col0 + px.len();
+                let dy0 = (n * oc + 2 * ch) * hw;
+                let run = ColumnRun {
+                    at: k * width + pc.col0,
+                    base_y: &base_y[cols_of.clone()],
+                    base_x: &base_x[cols_of],
+                    tap_y: T::from_usize(i * g.dil_h),
+                    tap_x: T::from_usize(j * g.dil_w),
+                    dy: &off[dy0 + px.start..dy0 + px.end],
+                    dx: &off[dy0 + hw + px.start..dy0 + hw + px.end],
+                    m: self
+                        .ops
+                        .mask
+                        .map(|m| &m[(n * mc + ch) * hw + px.start..][..px.len()]),
+                    plane0: (n - group.images.start) * self.layout.len(),
+                };
+                fill_columns(columns, self.layout, &run);
+            }
+        }
+        columns.finish();
     }
 
     /// The sampling table `[k][tile column]` of the tile, under the problem's convention.

@@ -114,8 +114,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
         // Dense convolution: zero offsets and no mask, so every sample is one cell with weight 1.
         let dense = self.s.ops.offset.is_none() && self.s.ops.mask.is_none();
-        // Pixel-major torchvision tables are built straight into columns by AVX-512 (the row
-        // table is not built at all).
+        // Pixel-major torchvision tables are built straight into columns, a vector of pixels
+        // at a time (the row table is not built at all).
         let direct = self.s.direct_columns();
         // Planes pixel-major and one fused pass per segment instead of col2im + coord.
         let pixel_major = self.s.pixel_major;

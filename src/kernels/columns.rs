@@ -1,7 +1,7 @@
 //! The sampling table of a backward tile in column (structure-of-arrays) form, `[k][pixel]`
 //! per field: what the pixel-major pass ([`super::channel_backward`]) loads sixteen entries
 //! at a time. Filled from the row table ([`super::taps::Tap`]) or built directly by
-//! [`super::taps_avx512`].
+//! [`super::locate::fill_columns`].
 
 use crate::float::Float;
 use crate::kernels::taps::Tap;

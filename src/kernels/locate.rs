@@ -1,18 +1,22 @@
-//! The forward sampling-table build under torchvision's (and mmcv's) rule, `N` samples at a
-//! time on the backend's vectors, for `f32` and `f64`: [`crate::sample::locate_flat`] in
-//! vector form.
+//! Torchvision's sampling rule `N` samples at a time on the backend's vectors, for `f32` and
+//! `f64`, stated once ([`AxisRule`]) and written out in two forms: the forward's table
+//! ([`locate_row`], also mmcv's: [`crate::sample::locate_flat`] in vector form) and the
+//! backward's table in column form ([`fill_columns`]).
 //!
 //! Positions stay in `T`: the base coordinates, `floor` of the offsets and the corner offsets
-//! `row * W + col` are integers well inside `T`'s exact range (the caller keeps bases below
-//! `2^22` and planes below `2^24` pixels), so every comparison is exact, and the fractions and
-//! weights are the scalar rule's IEEE operations in its order: the table is the scalar one bit
-//! for bit (tested below). A block holding an offset of magnitude `2^22` or more, or NaN, is
-//! handed to the scalar rule entry by entry.
+//! or cells are integers well inside `T`'s exact range (the callers keep bases below `2^22` and
+//! planes below `2^24` cells), so every comparison is exact, and the fractions and weights are
+//! the scalar rule's IEEE operations in its order: the tables are the scalar ones bit for bit
+//! (tested here and in `gather`). A block holding an offset of magnitude `2^22` or more, or
+//! NaN, is handed to the scalar rule entry by entry.
 //!
 //! On the small MNIST layer (W1: 8 channels per offset group, so each table entry serves only
-//! 8 samples) the scalar build was 40% of the AVX-512 forward and a third of the AVX2 one.
+//! 8 samples) the scalar forward build was 40% of the AVX-512 forward and a third of the AVX2
+//! one.
 
 use super::backend::{Backend, Element, Lanes, WithBackend};
+use super::columns::TapColumns;
+use super::taps::{PlaneLayout, Tap, TorchvisionRule};
 use crate::float::Float;
 use crate::sample::locate_flat;
 
@@ -80,28 +84,13 @@ impl<T: Float> WithBackend for Row<'_, T> {
         assert!(index.iter().all(|s| s.len() >= len) && weight.iter().all(|s| s.len() >= len));
         assert!(y.size.checked_mul(x.size).is_some_and(|p| p < MAX_PLANE));
         assert!(y.size < LIMIT && x.size < LIMIT);
-        let limit = T::from_usize(LIMIT);
         let n = <T::V<B> as Lanes<T, B>>::N;
-        assert!(n <= 16);
-        type V<B, T> = <T as Element>::V<B>;
-        macro_rules! splat {
-            ($v:expr) => {
-                V::<B, T>::splat(b, $v)
-            };
-        }
-        let (zero, one) = (splat!(T::ZERO), splat!(T::ONE));
-        let (hv, wv) = (splat!(T::from_usize(y.size)), splat!(T::from_usize(x.size)));
-        let (tap_y, tap_x) = (splat!(y.tap), splat!(x.tap));
-        let minus_one = splat!(-T::ONE);
-        // |d| < 2^22 on every sample of the row (false for NaN), else the scalar rule for the
-        // blocks that hold one. A fold without early exit, so that it vectorises.
-        let small = |d: &[T]| d.iter().fold(true, |all, v| all & (v.abs() < limit));
-        let row_small = small(&y.offset[..len]) && small(&x.offset[..len]);
-        for q in (0..len).step_by(n) {
-            let lanes = n.min(len - q);
-            let block_small =
-                row_small || small(&y.offset[q..q + lanes]) && small(&x.offset[q..q + lanes]);
-            if !block_small {
+        let splat = |v: T| V::<B, T>::splat(b, v);
+        let one = splat(T::ONE);
+        let (hv, wv) = (splat(T::from_usize(y.size)), splat(T::from_usize(x.size)));
+        let (tap_y, tap_x) = (splat(y.tap), splat(x.tap));
+        let block = |q: usize, lanes: usize, vector: bool| {
+            if !vector {
                 for r in q..q + lanes {
                     let by = (y.base[r] + y.tap).to_f64() as isize;
                     let bx = (x.base[r] + x.tap).to_f64() as isize;
@@ -111,48 +100,21 @@ impl<T: Float> WithBackend for Row<'_, T> {
                         weight[t][r] = wt[t];
                     }
                 }
-                continue;
+                return;
             }
-            // Lanes q .. q + lanes of a slice (asserted long enough), zeros after.
-            macro_rules! load {
-                ($s:expr) => {
-                    if lanes == n {
-                        V::<B, T>::load(b, &$s[q..q + n])
-                    } else {
-                        V::<B, T>::load_partial(b, &$s[q..q + lanes])
-                    }
-                };
-            }
-            let (dy, dx) = (load!(y.offset), load!(x.offset));
-            let (by, bx) = (load!(y.base).add(tap_y), load!(x.base).add(tap_x));
-            let (fy, fx) = (dy.floor(), dx.floor());
-            let (ly, lx) = (dy.sub(fy), dx.sub(fx));
-            let (hy, hx) = (fy.add(one).sub(dy), fx.add(one).sub(dx));
-            let (y0, x0) = (by.add(fy), bx.add(fx));
-            // The rule's tests on `p = base + d` and `floor(p)`, as exact comparisons of `d`
-            // with integers: p > -1 (inside from below: floor(p) >= 0, or -1 with a nonzero
-            // fraction), p < size (floor(p) < size), p >= 0 (first corner inside),
-            // p < size - 1 (second corner inside). Each gives 1 or 0.
-            macro_rules! axis {
-                ($d:expr, $b:expr, $size:expr) => {{
-                    let above = minus_one.sub($b).lt_select($d, one, zero);
-                    let below = $d.lt_select($size.sub($b), one, zero);
-                    let first = $d.lt_select(zero.sub($b), zero, one);
-                    let second = $d.lt_select($size.sub(one).sub($b), one, zero);
-                    (above.mul(below), first, second)
-                }};
-            }
-            let (in_y, vy0, vy1) = axis!(dy, by, hv);
-            let (in_x, vx0, vx1) = axis!(dx, bx, wv);
-            let inside = in_y.mul(in_x);
-            let base = y0.mul(wv).add(x0);
+            let load = |s: &[T]| load_lanes(b, s, q, lanes);
+            let (dy, dx) = (load(y.offset), load(x.offset));
+            let ry = AxisRule::new(b, load(y.base).add(tap_y), dy, hv);
+            let rx = AxisRule::new(b, load(x.base).add(tap_x), dx, wv);
+            let inside = ry.inside.mul(rx.inside);
+            let base = ry.floor.mul(wv).add(rx.floor);
             let corners = [
-                (vy0.mul(vx0), base),
-                (vy0.mul(vx1), base.add(one)),
-                (vy1.mul(vx0), base.add(wv)),
-                (vy1.mul(vx1), base.add(wv).add(one)),
+                (ry.first.mul(rx.first), base),
+                (ry.first.mul(rx.second), base.add(one)),
+                (ry.second.mul(rx.first), base.add(wv)),
+                (ry.second.mul(rx.second), base.add(wv).add(one)),
             ];
-            let weights = [hy.mul(hx), hy.mul(lx), ly.mul(hx), ly.mul(lx)];
+            let weights = bilinear_weights(&ry, &rx);
             for (t, (valid, at)) in corners.into_iter().enumerate() {
                 // (at + 1) * ok - 1: the corner offset where it counts, else -1 (exact: both
                 // are below 2^24 where ok is 1; finite times 0 elsewhere).
@@ -162,12 +124,334 @@ impl<T: Float> WithBackend for Row<'_, T> {
                     .sub(one)
                     .store_i32(&mut index[t][q..q + lanes]);
                 // Weights are at least 0, so an outside sample's are +0, as the scalar rule's.
-                let w = weights[t].mul(inside);
-                if lanes == n {
-                    w.store(&mut weight[t][q..q + n]);
-                } else {
-                    w.store_partial(&mut weight[t][q..q + lanes]);
+                store_lanes(weights[t].mul(inside), &mut weight[t][q..q + lanes], n);
+            }
+        };
+        by_blocks::<T, B>(len, y.offset, x.offset, block);
+    }
+}
+
+/// One run of a backward tile's table: one tap over consecutive pixels of one image, written
+/// to entries `at ..` of [`TapColumns`].
+pub(crate) struct ColumnRun<'a, T> {
+    /// First entry of the run in the table.
+    pub at: usize,
+    /// Base row `y * stride - pad` of each pixel (an integer, `|base| < LIMIT`).
+    pub base_y: &'a [T],
+    /// Base column `x * stride - pad` of each pixel.
+    pub base_x: &'a [T],
+    /// The tap's row shift `i * dil` (below [`LIMIT`]).
+    pub tap_y: T,
+    /// The tap's column shift `j * dil`.
+    pub tap_x: T,
+    /// Row offsets of the pixels.
+    pub dy: &'a [T],
+    /// Column offsets of the pixels.
+    pub dx: &'a [T],
+    /// Mask values (`None`: 1).
+    pub m: Option<&'a [T]>,
+    /// First cell of the image's planes in the task's buffer.
+    pub plane0: usize,
+}
+
+/// Writes the entries of `run` into `cols` (whose columns hold at least `run.at +
+/// run.dy.len()` entries) on zero-bordered planes of `layout`, as
+/// [`Tap::with_rule::<TorchvisionRule>`](super::taps::Tap::with_rule) and
+/// [`TapColumns::set`] would: the backward's table built straight into its column form.
+///
+/// Measured on W1 (1 thread): the row table and its copy into columns were a third of the
+/// backward.
+///
+/// # Panics
+/// If a slice of `run` is shorter than `run.dy`, a column of `cols` is too short, or the
+/// cells reach [`MAX_PLANE`] or a plane side [`LIMIT`] (the caller keeps below them).
+pub(crate) fn fill_columns<T: Float>(
+    cols: &mut TapColumns<T>,
+    layout: PlaneLayout,
+    run: &ColumnRun<'_, T>,
+) {
+    super::backend::dispatch(Columns { cols, layout, run })
+}
+
+/// [`fill_columns`]'s arguments, run on a backend.
+struct Columns<'a, 'r, T> {
+    cols: &'a mut TapColumns<T>,
+    layout: PlaneLayout,
+    run: &'a ColumnRun<'r, T>,
+}
+
+impl<T: Float> WithBackend for Columns<'_, '_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<B: Backend>(self, b: B) {
+        let Columns { cols, layout, run } = self;
+        let len = run.dy.len();
+        let end = run.at + len;
+        assert!(run.dx.len() == len && run.base_y.len() == len && run.base_x.len() == len);
+        assert!(run.m.is_none_or(|m| m.len() == len));
+        assert!(cols.gather.len() >= end && cols.scatter.len() >= end && cols.m.len() >= end);
+        assert!(cols.ly.len() >= end && cols.lx.len() >= end && cols.inside.len() >= end);
+        assert!(cols.weights.iter().all(|w| w.len() >= end));
+        assert!(run.plane0 + layout.len() < MAX_PLANE && layout.h.max(layout.w) < LIMIT);
+        debug_assert!(!layout.is_replicated());
+        let n = <T::V<B> as Lanes<T, B>>::N;
+        let splat = |v: T| V::<B, T>::splat(b, v);
+        let (zero, one) = (splat(T::ZERO), splat(T::ONE));
+        let (hv, wv) = (
+            splat(T::from_usize(layout.h)),
+            splat(T::from_usize(layout.w)),
+        );
+        let (tap_y, tap_x) = (splat(run.tap_y), splat(run.tap_x));
+        let pitch = splat(T::from_usize(layout.pitch()));
+        // plane0 + index(y, x) = y * pitch + x + (plane0 + pitch + 1).
+        let cell0 = splat(T::from_usize(run.plane0 + layout.pitch() + 1));
+        let zero_cell = splat(T::from_usize(run.plane0 + layout.zero_base()));
+        let block = |q: usize, lanes: usize, vector: bool| {
+            if !vector {
+                for r in q..q + lanes {
+                    let t = Tap::with_rule::<TorchvisionRule>(
+                        layout,
+                        run.plane0,
+                        ((run.base_y[r] + run.tap_y).to_f64() as isize, run.dy[r]),
+                        ((run.base_x[r] + run.tap_x).to_f64() as isize, run.dx[r]),
+                        run.m.map_or(T::ONE, |m| m[r]),
+                    );
+                    cols.set(run.at + r, &t);
                 }
+                return;
+            }
+            let load = |s: &[T]| load_lanes(b, s, q, lanes);
+            let e = run.at + q..run.at + q + lanes;
+            let (dy, dx) = (load(run.dy), load(run.dx));
+            let ry = AxisRule::new(b, load(run.base_y).add(tap_y), dy, hv);
+            let rx = AxisRule::new(b, load(run.base_x).add(tap_x), dx, wv);
+            let inside = ry.inside.mul(rx.inside);
+            // Torchvision reads every sample with a corner cell in the image or its zero
+            // border (inside implies it); elsewhere the table points at zero cells.
+            let reach = ry.reach.mul(rx.reach);
+            // Exact where it is kept: cells below 2^24.
+            let cell = ry.floor.mul(pitch).add(rx.floor).add(cell0);
+            zero.lt_select(reach, cell, zero_cell)
+                .store_i32(&mut cols.gather[e.clone()]);
+            zero.lt_select(inside, cell, zero_cell)
+                .store_i32(&mut cols.scatter[e.clone()]);
+            let weights = bilinear_weights(&ry, &rx);
+            for (col, w) in cols.weights.iter_mut().zip(weights) {
+                store_lanes(w.mul(inside), &mut col[e.clone()], n);
+            }
+            store_lanes(ry.low.mul(reach), &mut cols.ly[e.clone()], n);
+            store_lanes(rx.low.mul(reach), &mut cols.lx[e.clone()], n);
+            let m = run.m.map_or(one, load);
+            store_lanes(m, &mut cols.m[e.clone()], n);
+            zero.sub(inside).store_i32(&mut cols.inside[e]);
+        };
+        by_blocks::<T, B>(len, run.dy, run.dx, block);
+    }
+}
+
+type V<B, T> = <T as Element>::V<B>;
+
+/// Calls `block(q, lanes, vector)` for each block of `N` samples `q .. q + lanes` (the last
+/// one possibly shorter): `vector` when all its offsets have `|d| < LIMIT`, else (an offset
+/// that large, or NaN) the block is for the scalar rule.
+#[inline(always)]
+fn by_blocks<T: Float, B: Backend>(
+    len: usize,
+    dy: &[T],
+    dx: &[T],
+    mut block: impl FnMut(usize, usize, bool),
+) {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let limit = T::from_usize(LIMIT);
+    // A fold without early exit, so that it vectorises (with `all`, the AVX-512 W1 forward
+    // ran 12% longer).
+    let small = |d: &[T]| d.iter().fold(true, |all, v| all & (v.abs() < limit));
+    let row_small = small(&dy[..len]) && small(&dx[..len]);
+    for q in (0..len).step_by(n) {
+        let lanes = n.min(len - q);
+        let r = q..q + lanes;
+        block(
+            q,
+            lanes,
+            row_small || small(&dy[r.clone()]) && small(&dx[r]),
+        );
+    }
+}
+
+/// Lanes `q .. q + lanes` of `s` (`lanes <= N`), zeros after.
+#[inline(always)]
+fn load_lanes<T: Float, B: Backend>(b: B, s: &[T], q: usize, lanes: usize) -> V<B, T> {
+    if lanes == <T::V<B> as Lanes<T, B>>::N {
+        V::<B, T>::load(b, &s[q..q + lanes])
+    } else {
+        V::<B, T>::load_partial(b, &s[q..q + lanes])
+    }
+}
+
+/// Writes the first `dst.len()` lanes of `v` (`dst.len() <= n`, the lane count).
+#[inline(always)]
+fn store_lanes<T: Float, B: Backend>(v: V<B, T>, dst: &mut [T], n: usize) {
+    if dst.len() == n {
+        v.store(dst);
+    } else {
+        v.store_partial(dst);
+    }
+}
+
+/// Torchvision's rule along one axis for a vector of samples `p = base + d` (integer `base`,
+/// `|base|, |d| < LIMIT`) on an axis of `size` pixels. The tests on `p` and `floor(p)` are
+/// exact comparisons of `d` with integers; each is 1 or 0 per lane.
+struct AxisRule<V> {
+    /// `floor(p)`, the first corner's coordinate.
+    floor: V,
+    /// `d - floor(d)`, the fraction towards the second corner.
+    low: V,
+    /// `floor(d) + 1 - d`.
+    high: V,
+    /// `-1 < p < size`: the sample counts along this axis (`floor(p) >= 0`, or `-1` with a
+    /// nonzero fraction).
+    inside: V,
+    /// `p >= 0`: the first corner is in the image.
+    first: V,
+    /// `p < size - 1`: the second corner is in the image.
+    second: V,
+    /// `-1 <= p < size`: the corners lie in the image or its one-cell zero border.
+    reach: V,
+}
+
+impl<V> AxisRule<V> {
+    #[inline(always)]
+    fn new<T: Float, B: Backend>(b: B, base: V, d: V, size: V) -> Self
+    where
+        V: Lanes<T, B>,
+    {
+        let (zero, one) = (V::splat(b, T::ZERO), V::splat(b, T::ONE));
+        let minus_one = V::splat(b, -T::ONE);
+        let f = d.floor();
+        let below = d.lt_select(size.sub(base), one, zero);
+        AxisRule {
+            floor: base.add(f),
+            low: d.sub(f),
+            high: f.add(one).sub(d),
+            inside: minus_one.sub(base).lt_select(d, one, zero).mul(below),
+            first: d.lt_select(zero.sub(base), zero, one),
+            second: d.lt_select(size.sub(one).sub(base), one, zero),
+            reach: d.lt_select(minus_one.sub(base), zero, one).mul(below),
+        }
+    }
+}
+
+/// The four corner weights `hy hx, hy lx, ly hx, ly lx`, as the scalar rule forms them.
+#[inline(always)]
+fn bilinear_weights<T: Float, B: Backend, V: Lanes<T, B>>(
+    y: &AxisRule<V>,
+    x: &AxisRule<V>,
+) -> [V; 4] {
+    [
+        y.high.mul(x.high),
+        y.high.mul(x.low),
+        y.low.mul(x.high),
+        y.low.mul(x.low),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vector column build (on the backend of the CI cap) gives exactly the columns of
+    /// the scalar table, in `f32` and `f64`, on random, border, integer, tiny, far, infinite
+    /// and NaN offsets, with and without a mask, on a ragged run.
+    #[test]
+    fn column_build_equals_the_scalar_table() {
+        column_build_case::<f32>();
+        column_build_case::<f64>();
+    }
+
+    fn column_build_case<T: Float>() {
+        let layout = PlaneLayout::zero_bordered(5, 7);
+        let len = 203;
+        let mut next = crate::kernels::test_stream(777);
+        let specials = [
+            f64::NAN,
+            -1.0,
+            5.0,
+            40.0,
+            -0.999,
+            4.999,
+            f64::INFINITY,
+            0.0,
+            -7.0,
+            1e30,
+            -4194304.0,
+            4194303.5,
+            1e-30,
+            -1e-30,
+            -0.0,
+            -2.0,
+            -3.0,
+        ]
+        .map(T::from_f64);
+        let base_y: Vec<i32> = (0..len).map(|i| (i % 9) as i32 - 2).collect();
+        let base_x: Vec<i32> = (0..len).map(|i| (i % 11) as i32 - 2).collect();
+        let mut offsets = |every: usize| -> Vec<T> {
+            (0..len)
+                .map(|i| {
+                    if i % every == 0 {
+                        specials[i / every % specials.len()]
+                    } else {
+                        T::from_f64(f64::from(8.0 * next() - 4.0))
+                    }
+                })
+                .collect()
+        };
+        let (dy, dx) = (offsets(5), offsets(7));
+        let m: Vec<T> = (0..len).map(|_| T::from_f64(f64::from(next()))).collect();
+        let as_t = |v: &[i32]| {
+            v.iter()
+                .map(|&b| T::from_f64(f64::from(b)))
+                .collect::<Vec<T>>()
+        };
+        let (by, bx) = (as_t(&base_y), as_t(&base_x));
+        for mask in [None, Some(&m[..])] {
+            let plane0 = 3 * layout.len();
+            let taps: Vec<Tap<T>> = (0..len)
+                .map(|i| {
+                    Tap::with_rule::<TorchvisionRule>(
+                        layout,
+                        plane0,
+                        (base_y[i] as isize + 1, dy[i]),
+                        (base_x[i] as isize + 2, dx[i]),
+                        mask.map_or(T::ONE, |m| m[i]),
+                    )
+                })
+                .collect();
+            let mut want = TapColumns::default();
+            want.fill(&taps);
+            let mut got = TapColumns::default();
+            got.resize(len + 1);
+            let run = ColumnRun {
+                at: 1,
+                base_y: &by,
+                base_x: &bx,
+                tap_y: T::ONE,
+                tap_x: T::from_usize(2),
+                dy: &dy,
+                dx: &dx,
+                m: mask,
+                plane0,
+            };
+            fill_columns(&mut got, layout, &run);
+            let bits = |v: &[T]| v.iter().map(|x| x.to_f64().to_bits()).collect::<Vec<_>>();
+            assert_eq!(&got.gather[1..], &want.gather[..]);
+            assert_eq!(&got.scatter[1..], &want.scatter[..]);
+            assert_eq!(&got.inside[1..], &want.inside[..]);
+            assert_eq!(bits(&got.ly[1..]), bits(&want.ly));
+            assert_eq!(bits(&got.lx[1..]), bits(&want.lx));
+            assert_eq!(bits(&got.m[1..]), bits(&want.m));
+            for c in 0..4 {
+                assert_eq!(bits(&got.weights[c][1..]), bits(&want.weights[c]), "w{c}");
             }
         }
     }

@@ -44,7 +44,6 @@ pub(crate) mod locate;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod pixel_major;
 pub(crate) mod taps;
-pub(crate) mod taps_avx512;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod transpose;
 
