@@ -351,7 +351,7 @@ impl<T: Float> TileScratch<T> {
     fn take(cols_len: usize) -> Self {
         let mut s = crate::scratch::take_kept::<Self>().unwrap_or_else(|| TileScratch {
             cols: Vec::new(),
-            table: SampleTable::new(),
+            table: SampleTable::default(),
             gemm: GemmScratch::default(),
             staging: Vec::new(),
         });

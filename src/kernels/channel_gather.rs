@@ -348,7 +348,7 @@ mod tests {
                     ] {
                         for group in 0..groups {
                             let ld = len + 5;
-                            let mut table = SampleTable::new();
+                            let mut table = SampleTable::default();
                             let nan = T::from_f64(f64::NAN);
                             let mut want = vec![nan; rows * ld];
                             let span = TileSpan {

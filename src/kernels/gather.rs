@@ -32,6 +32,7 @@ pub(crate) const NO_CORNER: i32 = -1;
 ///
 /// Size: `K * len * (4 * (4 + size_of::<T>()) + size_of::<T>())` bytes, at most 37 bytes per
 /// column-tile column and tap for `f32` — small next to the column tile itself.
+/// An empty table (`default`) grows its buffers on first use and reuses them afterwards.
 #[derive(Debug, Default)]
 pub(crate) struct SampleTable<T> {
     index: Vec<i32>,
@@ -43,17 +44,6 @@ pub(crate) struct SampleTable<T> {
 }
 
 impl<T: Float> SampleTable<T> {
-    /// An empty table; buffers grow on first use and are reused afterwards.
-    pub(crate) fn new() -> Self {
-        SampleTable {
-            index: Vec::new(),
-            weight: Vec::new(),
-            mask: Vec::new(),
-            base_y: Vec::new(),
-            base_x: Vec::new(),
-        }
-    }
-
     /// Computes the samples of offset group `og` for `(image, start .. start + len)` under
     /// `src.convention`.
     fn build(
@@ -575,9 +565,9 @@ mod tests {
             };
             for (start, len) in [(0, geo.out_pixels()), (1, geo.out_pixels() - 1), (3, 5)] {
                 for og in 0..2 {
-                    let mut vector = SampleTable::<T>::new();
+                    let mut vector = SampleTable::<T>::default();
                     assert!(vector.build_vector(&src, &offset, 0, og, start, len));
-                    let mut scalar = SampleTable::<T>::new();
+                    let mut scalar = SampleTable::<T>::default();
                     scalar.build_inline::<false>(&src, &offset, 0, og, start, len);
                     assert_eq!(
                         vector.index, scalar.index,
