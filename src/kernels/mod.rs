@@ -41,7 +41,6 @@ pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod lanes;
 pub(crate) mod locate;
-#[cfg(target_arch = "x86_64")]
 pub(crate) mod pixel_major;
 pub(crate) mod taps;
 #[cfg(target_arch = "x86_64")]
