@@ -54,35 +54,10 @@ pub trait Float:
     fn is_nan(self) -> bool;
     /// Absolute value.
     fn abs(self) -> Self;
-
-    /// `C = alpha * A · B + beta * C` for row/column-strided matrices, `A: m x k`, `B: k x n`,
-    /// `C: m x n`, by matrixmultiply's blocked SIMD kernel for this type. With `beta == 0`,
-    /// `C` is overwritten and may hold anything (even NaN) beforehand.
-    ///
-    /// # Safety
-    /// The pointers with their strides must address valid, initialised matrices of the given
-    /// sizes; `C` must not overlap `A` or `B` and must be exclusively borrowed.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: Self,
-        a: *const Self,
-        rsa: isize,
-        csa: isize,
-        b: *const Self,
-        rsb: isize,
-        csb: isize,
-        beta: Self,
-        c: *mut Self,
-        rsc: isize,
-        csc: isize,
-    );
 }
 
 macro_rules! impl_float {
-    ($t:ty, $gemm:path) => {
+    ($t:ty) => {
         impl Float for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -113,31 +88,9 @@ macro_rules! impl_float {
             fn abs(self) -> Self {
                 <$t>::abs(self)
             }
-
-            #[inline]
-            unsafe fn gemm(
-                m: usize,
-                k: usize,
-                n: usize,
-                alpha: Self,
-                a: *const Self,
-                rsa: isize,
-                csa: isize,
-                b: *const Self,
-                rsb: isize,
-                csb: isize,
-                beta: Self,
-                c: *mut Self,
-                rsc: isize,
-                csc: isize,
-            ) {
-                // SAFETY: forwarded verbatim; the caller upholds matrixmultiply's contract
-                // (valid strided matrices, C exclusive and disjoint from A and B).
-                unsafe { $gemm(m, k, n, alpha, a, rsa, csa, b, rsb, csb, beta, c, rsc, csc) }
-            }
         }
     };
 }
 
-impl_float!(f32, matrixmultiply::sgemm);
-impl_float!(f64, matrixmultiply::dgemm);
+impl_float!(f32);
+impl_float!(f64);

@@ -230,6 +230,18 @@ pub trait Lanes<T: Copy + Default, B: Backend>: Copy {
     }
 }
 
+/// A matrix in memory for [`Element::gemm`]: element `(i, j)` at `ptr + i * rows + j * cols`
+/// (strides in elements, as matrixmultiply takes them).
+#[derive(Debug, Clone, Copy)]
+pub struct Strided<P> {
+    /// Element `(0, 0)`.
+    pub ptr: P,
+    /// Stride between rows.
+    pub rows: isize,
+    /// Stride between columns.
+    pub cols: isize,
+}
+
 /// An element type with a vector on every backend: `f32` and `f64`.
 ///
 /// The `as_f32` family hands generic code its `f32`-only kernels: each returns its argument
@@ -248,11 +260,52 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
     fn columns_as_f32(c: &TapColumns<Self>) -> Option<&TapColumns<f32>>;
     /// The table as an `f32` table, when `Self` is `f32`.
     fn columns_as_f32_mut(c: &mut TapColumns<Self>) -> Option<&mut TapColumns<f32>>;
+
+    /// `C = alpha A·B + beta C` with `[m, k, n]` = `dims`, `A: m x k`, `B: k x n`, `C: m x n`,
+    /// by matrixmultiply's kernel for this type. With `beta == 0`, `C` is overwritten and may
+    /// hold anything (even NaN) beforehand.
+    ///
+    /// # Safety
+    /// The pointers with their strides must address valid, initialised matrices of the given
+    /// sizes; `C` must not overlap `A` or `B` and must be exclusively borrowed.
+    unsafe fn gemm(
+        dims: [usize; 3],
+        alpha: Self,
+        a: Strided<*const Self>,
+        b: Strided<*const Self>,
+        beta: Self,
+        c: Strided<*mut Self>,
+    );
+}
+
+/// [`Element::gemm`] for one type by matrixmultiply's function `$gemm`.
+macro_rules! matrixmultiply_gemm {
+    ($gemm:path) => {
+        #[inline]
+        unsafe fn gemm(
+            [m, k, n]: [usize; 3],
+            alpha: Self,
+            a: Strided<*const Self>,
+            b: Strided<*const Self>,
+            beta: Self,
+            c: Strided<*mut Self>,
+        ) {
+            // SAFETY: forwarded verbatim; the caller upholds matrixmultiply's contract (valid
+            // strided matrices, C exclusive and disjoint from A and B).
+            unsafe {
+                $gemm(
+                    m, k, n, alpha, a.ptr, a.rows, a.cols, b.ptr, b.rows, b.cols, beta, c.ptr,
+                    c.rows, c.cols,
+                )
+            }
+        }
+    };
 }
 
 impl Element for f32 {
     type V<B: Backend> = B::F32;
     const IS_F32: bool = true;
+    matrixmultiply_gemm!(matrixmultiply::sgemm);
 
     #[inline(always)]
     fn as_f32(s: &[f32]) -> Option<&[f32]> {
@@ -275,6 +328,7 @@ impl Element for f32 {
 impl Element for f64 {
     type V<B: Backend> = B::F64;
     const IS_F32: bool = false;
+    matrixmultiply_gemm!(matrixmultiply::dgemm);
 
     #[inline(always)]
     fn as_f32(_: &[f64]) -> Option<&[f32]> {

@@ -2,7 +2,7 @@
 
 use super::pack::{pack_b, PackedA, PackedB};
 use super::{block_shape, Init, MatB, KC};
-use crate::kernels::backend::{Backend, Element, Lanes, WithBackend};
+use crate::kernels::backend::{Backend, Element, Lanes, Strided, WithBackend};
 use crate::Float;
 
 /// Where the product takes the packed depth blocks of `B` from.
@@ -98,20 +98,24 @@ unsafe fn by_matrixmultiply<T: Float>(a: &PackedA<T>, b: &Operand<'_, T>, out: &
     // strides (checked by `multiply` / `PackedB::pack`), C the caller's own region.
     unsafe {
         T::gemm(
-            rows,
-            depth,
-            len,
+            [rows, depth, len],
             T::ONE,
-            a.data.as_ptr(),
-            depth as isize,
-            1,
-            bp,
-            rsb as isize,
-            csb as isize,
+            Strided {
+                ptr: a.data.as_ptr(),
+                rows: depth as isize,
+                cols: 1,
+            },
+            Strided {
+                ptr: bp,
+                rows: rsb as isize,
+                cols: csb as isize,
+            },
             beta,
-            out.c,
-            out.ldc as isize,
-            1,
+            Strided {
+                ptr: out.c,
+                rows: out.ldc as isize,
+                cols: 1,
+            },
         )
     }
 }

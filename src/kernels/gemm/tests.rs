@@ -2,7 +2,7 @@
 
 use super::kernel::{Operand, Out, Product};
 use super::*;
-use crate::kernels::backend::{Portable, Scalar};
+use crate::kernels::backend::{Portable, Scalar, Strided};
 
 /// Whether `mul_add` rounds once on this backend (found by a case where it matters:
 /// `(1 + e)(1 - e) - 1` is `-e²` fused and `0` otherwise).
@@ -310,20 +310,24 @@ fn gemm_shapes_timing() {
                 // SAFETY: a rows x depth, b depth x len (strides rs, cs), c rows x len.
                 unsafe {
                     T::gemm(
-                        rows,
-                        depth,
-                        len,
+                        [rows, depth, len],
                         T::ONE,
-                        a.as_ptr(),
-                        depth as isize,
-                        1,
-                        b.as_ptr(),
-                        rs as isize,
-                        cs as isize,
+                        Strided {
+                            ptr: a.as_ptr(),
+                            rows: depth as isize,
+                            cols: 1,
+                        },
+                        Strided {
+                            ptr: b.as_ptr(),
+                            rows: rs as isize,
+                            cols: cs as isize,
+                        },
                         T::ZERO,
-                        c.as_mut_ptr(),
-                        len as isize,
-                        1,
+                        Strided {
+                            ptr: c.as_mut_ptr(),
+                            rows: len as isize,
+                            cols: 1,
+                        },
                     )
                 }
             }));
