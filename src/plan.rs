@@ -16,10 +16,15 @@ use crate::geometry::Geometry;
 const COLUMN_BUDGET_BYTES: usize = 1 << 20;
 
 /// Tile lengths are multiples of this (the GEMM's register-block width, three AVX-512
-/// vectors of `f32`) unless the whole batch fits one tile.
+/// vectors of `f32`) unless the whole batch fits one tile. 16 and 96 measured level
+/// (`isa_probe W1 W2 W4`, f32, 2 threads, AMD Zen 4, 6 alternating rounds of medians of 20,
+/// best round: W1/W2/W4 forward 0.42/19.00/51.28 ms at 48, 0.43/18.97/51.97 at 16,
+/// 0.42/18.86/51.21 at 96).
 const LANE_MULTIPLE: usize = 48;
 
 /// Enough tiles for two threads to balance (a thread's last tile is at most 1/8 of its work).
+/// 8 measured level and 32 no better (same run as [`LANE_MULTIPLE`]: W1/W2 forward median
+/// of the rounds 0.42/19.23 ms at 16 and at 8, 0.46/21.41 at 32).
 const MIN_TILES: usize = 16;
 
 /// One unit of forward work: the flat output pixels `first .. first + len` of the batch (flat

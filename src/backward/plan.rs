@@ -50,11 +50,16 @@ pub(crate) const TILE_PIXELS: usize = 512;
 /// pixels, W2 2 images) and 1 MiB did not separate them beyond the machine's noise.
 pub(super) const PIXEL_MAJOR_TILE_BYTES: usize = 512 << 10;
 
-/// The narrowest pixel-major tile (the GEMMs lose efficiency below).
+/// The narrowest pixel-major tile (the GEMMs lose efficiency below). 32 and 128 measured
+/// level within the noise (`isa_probe W1 W2 W4`, f32, 2 threads, AMD Zen 4, 6 alternating
+/// rounds of medians of 20, median of the rounds: W1/W2/W4 full backward 1.02/40.03/100.5 ms
+/// at 64, 1.09/40.31/100.3 at 32, 1.08/41.58/101.4 at 128).
 pub(super) const MIN_TILE_PIXELS: usize = 64;
 
 /// Tasks the partition aims for, independent of the thread count: enough to balance 2-4
-/// threads, few enough that W2 (4 offset groups) needs no weight partials.
+/// threads, few enough that W2 (4 offset groups) needs no weight partials. Same run as
+/// [`MIN_TILE_PIXELS`]: W1/W2 full backward 1.02/40.03 ms at 4, 1.11/41.97 at 2,
+/// 1.17/42.36 at 8 (best rounds 1.01/39.73, 1.00/39.64, 1.10/40.71).
 pub(crate) const MIN_TASKS: usize = 4;
 
 /// One contiguous run of output pixels of one image inside a tile.
