@@ -17,7 +17,7 @@ const COLUMN_BUDGET_BYTES: usize = 1 << 20;
 
 /// Tile lengths are multiples of this (the GEMM's register-block width, three AVX-512
 /// vectors of `f32`) unless the whole batch fits one tile. 16 and 96 measured level
-/// (`isa_probe W1 W2 W4`, f32, 2 threads, AMD Zen 4, 6 alternating rounds of medians of 20,
+/// (`isa_probe W1 W2 W4`, f32, 2 threads, AMD Zen 4, 6 alternating rounds, each the best of 20;
 /// best round: W1/W2/W4 forward 0.42/19.00/51.28 ms at 48, 0.43/18.97/51.97 at 16,
 /// 0.42/18.86/51.21 at 96).
 const LANE_MULTIPLE: usize = 48;

@@ -52,7 +52,7 @@ pub(super) const PIXEL_MAJOR_TILE_BYTES: usize = 512 << 10;
 
 /// The narrowest pixel-major tile (the GEMMs lose efficiency below). 32 and 128 measured
 /// level within the noise (`isa_probe W1 W2 W4`, f32, 2 threads, AMD Zen 4, 6 alternating
-/// rounds of medians of 20, median of the rounds: W1/W2/W4 full backward 1.02/40.03/100.5 ms
+/// rounds, each the best of 20; median of the rounds: W1/W2/W4 full backward 1.02/40.03/100.5 ms
 /// at 64, 1.09/40.31/100.3 at 32, 1.08/41.58/101.4 at 128).
 pub(super) const MIN_TILE_PIXELS: usize = 64;
 
