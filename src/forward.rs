@@ -18,8 +18,8 @@
 //! `kh * kw * len * (5 * size_of::<T>() + 16)` bytes for the deformable gather, the GEMM's
 //! packed block (`256 * len` elements at most) and, for tiles spanning images, an output block
 //! of `C_out/groups * len` elements; once per call, the packed weight (its own size, `f32` on
-//! AVX-512) and, for the deformable `f32` gather on AVX-512, pixel-major copies of the images
-//! being worked on, `(H*W + 1) * C_in` elements each, at most 8 MiB of them at once (images
+//! AVX-512) and, for the channel-vectorised deformable gather, pixel-major copies of the images
+//! being worked on, `(H*W + 1) * C_in` elements each, at most 16 MiB of them at once (images
 //! larger than that take the per-pixel gather, without copies). None of it grows with the
 //! batch size. Views that are not in standard (C-contiguous) layout are first copied
 //! to it, and an `_into` output that is not in standard layout is computed into a temporary
