@@ -184,7 +184,9 @@ fn scatter_dense<T: Float>(
     }
 }
 
-/// Table entries per chunk of the dense loops.
+/// Table entries per chunk of the dense loops. 32 and 128 measured level
+/// (`isa_probe W1 W2 W4`, 2 threads, AMD Zen 4, 5 alternating rounds each the best of 20, `f64` 6; medians of the rounds: `f64` W2/W4 full backward 90.5/262.6 ms at 64,
+/// 90.3/252.9 at 32, 96.0/255.3 at 128).
 pub(crate) const CHUNK: usize = 64;
 
 /// Channels scattered together.
