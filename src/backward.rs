@@ -53,7 +53,7 @@
 mod driver;
 mod gemms;
 mod operands;
-mod plan;
+use crate::plan::backward as plan;
 mod planes;
 mod problem;
 mod tables;

@@ -43,7 +43,7 @@ use crate::kernels::lanes::isa;
 use crate::kernels::pixel_major::PixelMajor;
 use crate::kernels::{fill_columns, Source, TileRows, TileSpan};
 use crate::params::ConvParams;
-use crate::plan;
+use crate::plan::forward as plan;
 
 fn dims(shape: &[usize]) -> [usize; 4] {
     [shape[0], shape[1], shape[2], shape[3]]

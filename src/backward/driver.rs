@@ -1,4 +1,4 @@
-//! The backward driver: the partition into tasks ([`super::plan`]), the weight prepared once
+//! The backward driver: the partition into tasks ([`crate::plan::backward`]), the weight prepared once
 //! ([`super::weights`]), the tasks run in parallel ([`super::task`]) and their `grad_weight`
 //! partials combined.
 

@@ -31,8 +31,6 @@
 
 use std::ops::Range;
 
-#[cfg(test)]
-use super::operands::Needs;
 use crate::geometry::Geometry;
 use crate::kernels::columns::MAX_CELLS;
 use crate::kernels::taps::PlaneLayout;
@@ -48,13 +46,13 @@ pub(crate) const TILE_PIXELS: usize = 512;
 /// backward 123 ms at 512 pixels (4.5 MiB), 112 at 256, 100 at 128, 104 at 64; W2 (2 threads)
 /// 23.7 ms at 5 images per tile, 21.8 at 2 and 1. Alternating 2-thread runs of 512 KiB (W4 64
 /// pixels, W2 2 images) and 1 MiB did not separate them beyond the machine's noise.
-pub(super) const PIXEL_MAJOR_TILE_BYTES: usize = 512 << 10;
+pub(crate) const PIXEL_MAJOR_TILE_BYTES: usize = 512 << 10;
 
 /// The narrowest pixel-major tile (the GEMMs lose efficiency below). 32 and 128 measured
 /// level within the noise (`isa_probe W1 W2 W4`, f32, 2 threads, AMD Zen 4, 6 alternating
 /// rounds, each the best of 20; median of the rounds: W1/W2/W4 full backward 1.02/40.03/100.5 ms
 /// at 64, 1.09/40.31/100.3 at 32, 1.08/41.58/101.4 at 128).
-pub(super) const MIN_TILE_PIXELS: usize = 64;
+pub(crate) const MIN_TILE_PIXELS: usize = 64;
 
 /// Tasks the partition aims for, independent of the thread count: enough to balance 2-4
 /// threads, few enough that W2 (4 offset groups) needs no weight partials. Same run as
@@ -64,41 +62,41 @@ pub(crate) const MIN_TASKS: usize = 4;
 
 /// One contiguous run of output pixels of one image inside a tile.
 #[derive(Debug, Clone)]
-pub(super) struct Piece {
+pub(crate) struct Piece {
     /// Image index `n`.
-    pub(super) image: usize,
+    pub(crate) image: usize,
     /// Pixel range `p0..p1` (row-major `y * W_out + x`).
-    pub(super) pixels: Range<usize>,
+    pub(crate) pixels: Range<usize>,
     /// Column of `p0` in the tile.
-    pub(super) col0: usize,
+    pub(crate) col0: usize,
 }
 
 /// A set of whole images processed by one task, as a list of tiles.
 #[derive(Debug, Clone)]
-pub(super) struct ImageGroup {
-    pub(super) images: Range<usize>,
-    pub(super) tiles: Vec<Vec<Piece>>,
+pub(crate) struct ImageGroup {
+    pub(crate) images: Range<usize>,
+    pub(crate) tiles: Vec<Vec<Piece>>,
 }
 
 /// Channels `c_lo..c_hi` (global) of one offset group inside one conv group.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Segment {
-    pub(super) conv_group: usize,
-    pub(super) c_lo: usize,
-    pub(super) c_hi: usize,
+pub(crate) struct Segment {
+    pub(crate) conv_group: usize,
+    pub(crate) c_lo: usize,
+    pub(crate) c_hi: usize,
     /// Start of this segment's block in the task's weight partial.
-    pub(super) part_offset: usize,
+    pub(crate) part_offset: usize,
 }
 
 /// The fixed decomposition of one problem.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
     /// Planned for the pixel-major path (narrower tiles, tap-major weight partials).
-    pub(super) pixel_major: bool,
-    pub(super) groups: Vec<ImageGroup>,
-    pub(super) slots: usize,
-    pub(super) max_tile: usize,
-    pub(super) max_images: usize,
+    pub(crate) pixel_major: bool,
+    pub(crate) groups: Vec<ImageGroup>,
+    pub(crate) slots: usize,
+    pub(crate) max_tile: usize,
+    pub(crate) max_images: usize,
 }
 
 impl Plan {
@@ -195,7 +193,7 @@ impl Plan {
     }
 
     /// Slot of image `n`.
-    pub(super) fn slot_of_image(&self, n: usize) -> usize {
+    pub(crate) fn slot_of_image(&self, n: usize) -> usize {
         // Groups are in image order; find the group of n.
         let gi = self
             .groups
@@ -203,61 +201,10 @@ impl Plan {
             .min(self.groups.len().saturating_sub(1));
         gi % self.slots
     }
-
-    /// Workspace in elements of `T` (plus the sampling tables, counted via `tap_bytes /
-    /// elem_bytes`) of the backward computing `want`, with `threads` tasks at once; see the
-    /// module docs.
-    #[cfg(test)]
-    pub(crate) fn workspace_elements(
-        &self,
-        g: &Geometry,
-        want: Needs,
-        threads: usize,
-        tap_elems: usize,
-    ) -> usize {
-        let running = threads.min(self.tasks(g));
-        let cpo = g.c_per_offset_group();
-        let k = g.taps();
-        let p = self.max_tile;
-        let cs = segments(g, 0)
-            .iter()
-            .map(|s| s.c_hi - s.c_lo)
-            .max()
-            .unwrap_or(0);
-        // The replicated layout (DCN v1) is the larger one.
-        let pl = PlaneLayout::replicated(g.h, g.w).len();
-        let planes = self.max_images * cpo * pl;
-        let mut per_task = k * p * tap_elems + g.c_out_per_group() * p + 3 * k * p;
-        if want.input_planes() {
-            per_task += planes;
-        }
-        if want.input {
-            per_task += planes;
-        }
-        if want.gcol() {
-            per_task += cs * k * p;
-        }
-        if want.weight {
-            per_task += cs * k * p;
-        }
-        let weight = g.c_out * g.c_in_per_group() * k;
-        // The pixel-major path keeps a partial per slot and the weight packed tap-major.
-        let partials = match (want.weight, self.pixel_major) {
-            (false, _) => 0,
-            (true, false) => (self.slots - 1) * weight,
-            (true, true) => self.slots * weight,
-        };
-        let tap_major = if self.pixel_major && want.gcol() {
-            weight + weight / 10
-        } else {
-            0
-        };
-        running * per_task + partials + tap_major
-    }
 }
 
 /// The segments of offset group `og`, with their offsets in the task's weight partial.
-pub(super) fn segments(g: &Geometry, og: usize) -> Vec<Segment> {
+pub(crate) fn segments(g: &Geometry, og: usize) -> Vec<Segment> {
     let cpo = g.c_per_offset_group();
     let cig = g.c_in_per_group();
     let (lo, hi) = (og * cpo, (og + 1) * cpo);
