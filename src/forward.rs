@@ -167,8 +167,19 @@ impl<'a, T> Operands<'a, T> {
     }
 }
 
-/// The shared driver: validated operands in, every element of `out` overwritten.
+/// The shared driver: validated operands in, every element of `out` overwritten, inside the
+/// rayon pool ([`crate::pool`]).
 fn run<T: Float>(
+    geo: &Geometry,
+    convention: Convention,
+    ops: Operands<'_, T>,
+    out: ArrayViewMut4<'_, T>,
+    gemm_only: bool,
+) -> Result<()> {
+    crate::pool::on_pool(|| run_in_pool(geo, convention, ops, out, gemm_only))
+}
+
+fn run_in_pool<T: Float>(
     geo: &Geometry,
     convention: Convention,
     ops: Operands<'_, T>,
@@ -181,7 +192,7 @@ fn run<T: Float>(
     }
     if !out.is_standard_layout() {
         let mut tmp = try_zeros("output", geo.out_shape(), T::ZERO)?;
-        run(geo, convention, ops, tmp.view_mut(), gemm_only)?;
+        run_in_pool(geo, convention, ops, tmp.view_mut(), gemm_only)?;
         out.assign(&tmp);
         return Ok(());
     }

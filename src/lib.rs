@@ -39,6 +39,7 @@ pub mod nhwc;
 pub mod offset_layout;
 mod params;
 mod plan;
+mod pool;
 pub mod reference;
 mod sample;
 mod scratch;
