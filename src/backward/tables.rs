@@ -168,9 +168,9 @@ impl<T: Float> Scope<'_, '_, T> {
         width: usize,
         taps: &mut Vec<Tap<T>>,
     ) {
-        use crate::kernels::lanes::isa;
+        use crate::kernels::backend::isa;
         #[cfg(target_arch = "x86_64")]
-        use crate::kernels::lanes::Isa;
+        use crate::kernels::backend::Isa;
         // Compiled for the best instruction set, `floor` becomes one instruction instead of a
         // library call (W1: the table build was a quarter of the backward).
         match isa() {

@@ -76,7 +76,7 @@ pub(crate) fn interpolate_tap(
         .iter()
         .all(|&v| v < 0 || (v as usize) < image.zero_pixel)));
     #[cfg(target_arch = "x86_64")]
-    if super::lanes::isa() == super::lanes::Isa::Avx512 {
+    if super::backend::isa() == super::backend::Isa::Avx512 {
         // SAFETY: AVX-512F was detected; the bounds asserted above are the kernel's contract.
         unsafe { x86::interpolate_tap_pairs(image, rows, tap, len, out) };
         return;

@@ -43,9 +43,9 @@ pub(crate) fn scatter<T: Float>(
     gcol: &[T],
     channels: Range<usize>,
 ) {
-    use crate::kernels::lanes::isa;
+    use crate::kernels::backend::isa;
     #[cfg(target_arch = "x86_64")]
-    use crate::kernels::lanes::Isa;
+    use crate::kernels::backend::Isa;
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.

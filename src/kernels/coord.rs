@@ -92,9 +92,9 @@ fn run<T: Float, const OFFSET: bool, const MASK: bool, const COLS: bool>(
     channels: Range<usize>,
     out: SampleOut<'_, T>,
 ) {
-    use crate::kernels::lanes::isa;
+    use crate::kernels::backend::isa;
     #[cfg(target_arch = "x86_64")]
-    use crate::kernels::lanes::Isa;
+    use crate::kernels::backend::Isa;
     match isa() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.

@@ -4,7 +4,6 @@
 //! It does the same IEEE operations in the same order on every backend (plain multiplies and
 //! adds, no fused multiply-add), so the results are bitwise the same whichever backend runs.
 
-pub(crate) use super::backend::{isa, Isa};
 use super::backend::{Backend, Element, Lanes};
 
 /// One tap's row of the sampling table, for [`interpolate`].
