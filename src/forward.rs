@@ -428,7 +428,6 @@ pub fn deform_conv2d<T: Float>(
         params,
     )?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
-    let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
     let ops = Operands {
         input,
         offset: Some(offset),
@@ -436,8 +435,11 @@ pub fn deform_conv2d<T: Float>(
         weight,
         bias,
     };
-    run(&geo, params.convention, ops, out.view_mut(), false)?;
-    Ok(out)
+    crate::pool::on_pool(|| {
+        let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
+        run(&geo, params.convention, ops, out.view_mut(), false)?;
+        Ok(out)
+    })
 }
 
 /// [`deform_conv2d`] writing into `out` (`[N, C_out, H_out, W_out]`, any strides), every
@@ -488,10 +490,12 @@ pub fn conv2d<T: Float>(
 ) -> Result<Array4<T>> {
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
-    let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
     let ops = Operands::dense(input, weight, bias);
-    run(&geo, params.convention, ops, out.view_mut(), false)?;
-    Ok(out)
+    crate::pool::on_pool(|| {
+        let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
+        run(&geo, params.convention, ops, out.view_mut(), false)?;
+        Ok(out)
+    })
 }
 
 /// [`conv2d`] writing into `out` (`[N, C_out, H_out, W_out]`, any strides), every element of

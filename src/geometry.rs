@@ -415,18 +415,31 @@ fn out_extent(
 
 /// A zero-filled tensor of `shape`, or `Err(TooLarge)` if the memory cannot be had: shapes
 /// that pass validation can still be absurd (an empty batch with a `2^40`-channel weight
-/// gradient), and an allocation failure must not abort the caller's process.
-pub(crate) fn try_zeros<T: Clone>(
+/// gradient), and an allocation failure must not abort the caller's process. The fill runs
+/// in parallel on the current rayon pool (the callers are inside it, see [`crate::pool`]).
+pub(crate) fn try_zeros<T: Clone + Send + Sync>(
     what: &str,
     shape: [usize; 4],
     zero: T,
 ) -> Result<ndarray::Array4<T>> {
+    use rayon::prelude::*;
+    /// Elements per parallel piece of the fill.
+    const FILL_CHUNK: usize = 16 << 10;
     let len = checked_elements(what, &shape, std::mem::size_of::<T>())?;
     let mut data = Vec::new();
     data.try_reserve_exact(len).map_err(|_| Error::TooLarge {
         what: format!("{what} of shape {shape:?}: the allocation failed"),
     })?;
-    data.resize(len, zero);
+    data.spare_capacity_mut()[..len]
+        .par_chunks_mut(FILL_CHUNK)
+        .for_each(|chunk| {
+            for slot in chunk {
+                slot.write(zero.clone());
+            }
+        });
+    // SAFETY: the capacity is at least `len` (reserved above) and the loop just wrote each of
+    // the first `len` slots.
+    unsafe { data.set_len(len) };
     ndarray::Array4::from_shape_vec(shape, data).map_err(|e| Error::TooLarge {
         what: format!("{what} of shape {shape:?}: {e}"),
     })

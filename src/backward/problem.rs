@@ -107,8 +107,12 @@ impl<'a, T: Float> Problem<'a, T> {
         })
     }
 
-    /// Allocates the wanted gradients and computes them.
+    /// Allocates the wanted gradients and computes them, inside the rayon pool.
     pub(super) fn solve(&self, want: Want) -> Result<Grads<T>> {
+        crate::pool::on_pool(|| self.allocate_and_solve(want))
+    }
+
+    fn allocate_and_solve(&self, want: Want) -> Result<Grads<T>> {
         let g = &self.g;
         let dense = self.offset.is_none();
         let mk = |on: bool, what: &str, shape: [usize; 4]| -> Result<Option<Array4<T>>> {
