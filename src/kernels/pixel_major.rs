@@ -89,24 +89,30 @@ impl<T: Float> PixelMajor<T> {
         if self.data.capacity() < count * per_image {
             self.data = crate::scratch::take_empty(count * per_image);
         }
-        self.data.resize(count * per_image, T::ZERO);
+        self.data.clear();
         if per_image == 0 {
             return;
         }
+        // Each piece is zeroed right before the copy overwrites it, by the thread that copies it
+        // and while it is in L1, instead of a serial fill of the whole buffer first (that fill
+        // was 4.6% of W1's 1-thread forward).
         let chunk = COPY_PIXELS * channels;
-        self.data
+        self.data.spare_capacity_mut()[..count * per_image]
             .par_chunks_mut(per_image)
             .enumerate()
             .for_each(|(i, dst)| {
                 let src = &input[(first + i) * channels * pixels..][..channels * pixels];
-                let (body, zero) = dst.split_at_mut(pixels * channels);
-                zero.fill(T::ZERO);
-                body.par_chunks_mut(chunk)
-                    .enumerate()
-                    .for_each(|(b, rows)| {
-                        transpose_block(src, channels, pixels, b * COPY_PIXELS, rows);
-                    });
+                dst.par_chunks_mut(chunk).enumerate().for_each(|(b, rows)| {
+                    let rows = zeroed(rows);
+                    if b * COPY_PIXELS < pixels {
+                        let body = rows.len().min((pixels - b * COPY_PIXELS) * channels);
+                        transpose_block(src, channels, pixels, b * COPY_PIXELS, &mut rows[..body]);
+                    }
+                });
             });
+        // SAFETY: the capacity is at least `count * per_image` (above) and every one of those
+        // slots was initialised by `zeroed`.
+        unsafe { self.data.set_len(count * per_image) };
     }
 
     /// Image `n` (of the batch) pixel-major.
@@ -119,6 +125,15 @@ impl<T: Float> PixelMajor<T> {
             zero_pixel: self.pixels,
         }
     }
+}
+
+/// `slots` set to zero, as initialised values.
+fn zeroed<T: Float>(slots: &mut [std::mem::MaybeUninit<T>]) -> &mut [T] {
+    for s in slots.iter_mut() {
+        s.write(T::ZERO);
+    }
+    // SAFETY: every slot was just initialised, and `MaybeUninit<T>` has `T`'s layout.
+    unsafe { std::slice::from_raw_parts_mut(slots.as_mut_ptr().cast::<T>(), slots.len()) }
 }
 
 /// One image pixel-major: channel `c` of pixel `p` at `values[p * channels + c]`.
