@@ -179,6 +179,19 @@ fn run<T: Float>(
     crate::pool::on_pool(|| run_in_pool(geo, convention, ops, out, gemm_only))
 }
 
+/// [`run`] into a new output, allocated and zeroed inside the pool as well.
+fn run_new<T: Float>(
+    geo: &Geometry,
+    convention: Convention,
+    ops: Operands<'_, T>,
+) -> Result<Array4<T>> {
+    crate::pool::on_pool(|| {
+        let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
+        run_in_pool(geo, convention, ops, out.view_mut(), false)?;
+        Ok(out)
+    })
+}
+
 fn run_in_pool<T: Float>(
     geo: &Geometry,
     convention: Convention,
@@ -435,11 +448,7 @@ pub fn deform_conv2d<T: Float>(
         weight,
         bias,
     };
-    crate::pool::on_pool(|| {
-        let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
-        run(&geo, params.convention, ops, out.view_mut(), false)?;
-        Ok(out)
-    })
+    run_new(&geo, params.convention, ops)
 }
 
 /// [`deform_conv2d`] writing into `out` (`[N, C_out, H_out, W_out]`, any strides), every
@@ -491,11 +500,7 @@ pub fn conv2d<T: Float>(
     let geo = dense_geometry(&input, &weight, bias.as_ref(), params)?;
     checked_elements("output", &geo.out_shape(), std::mem::size_of::<T>())?;
     let ops = Operands::dense(input, weight, bias);
-    crate::pool::on_pool(|| {
-        let mut out = try_zeros("output", geo.out_shape(), T::ZERO)?;
-        run(&geo, params.convention, ops, out.view_mut(), false)?;
-        Ok(out)
-    })
+    run_new(&geo, params.convention, ops)
 }
 
 /// [`conv2d`] writing into `out` (`[N, C_out, H_out, W_out]`, any strides), every element of

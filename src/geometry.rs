@@ -413,6 +413,16 @@ fn out_extent(
     Ok((padded - span) / stride + 1)
 }
 
+/// `slots` each set to `value`, as initialised values (for buffers filled where they are
+/// about to be used, instead of by a separate pass).
+pub(crate) fn filled<T: Clone>(slots: &mut [std::mem::MaybeUninit<T>], value: T) -> &mut [T] {
+    for s in slots.iter_mut() {
+        s.write(value.clone());
+    }
+    // SAFETY: every slot was just initialised, and `MaybeUninit<T>` has `T`'s layout.
+    unsafe { std::slice::from_raw_parts_mut(slots.as_mut_ptr().cast::<T>(), slots.len()) }
+}
+
 /// A zero-filled tensor of `shape`, or `Err(TooLarge)` if the memory cannot be had: shapes
 /// that pass validation can still be absurd (an empty batch with a `2^40`-channel weight
 /// gradient), and an allocation failure must not abort the caller's process. The fill runs
@@ -433,12 +443,10 @@ pub(crate) fn try_zeros<T: Clone + Send + Sync>(
     data.spare_capacity_mut()[..len]
         .par_chunks_mut(FILL_CHUNK)
         .for_each(|chunk| {
-            for slot in chunk {
-                slot.write(zero.clone());
-            }
+            filled(chunk, zero.clone());
         });
-    // SAFETY: the capacity is at least `len` (reserved above) and the loop just wrote each of
-    // the first `len` slots.
+    // SAFETY: the capacity is at least `len` (reserved above) and `filled` just initialised
+    // each of the first `len` slots.
     unsafe { data.set_len(len) };
     ndarray::Array4::from_shape_vec(shape, data).map_err(|e| Error::TooLarge {
         what: format!("{what} of shape {shape:?}: {e}"),

@@ -160,16 +160,12 @@ impl<'a, T: Float> Problem<'a, T> {
                 rule: "a dense convolution has no offset or mask gradient; pass None".into(),
             });
         }
-        Ok(self.solve_into(out))
+        Ok(crate::pool::on_pool(|| self.solve_into(out)))
     }
 
-    /// Computes every gradient whose view is `Some` (shapes already checked), inside the rayon
-    /// pool ([`crate::pool`]).
+    /// Computes every gradient whose view is `Some` (shapes already checked); called inside
+    /// the rayon pool ([`crate::pool`]).
     fn solve_into(&self, out: GradsMut<'_, T>) -> Stats {
-        crate::pool::on_pool(|| self.solve_in_pool(out))
-    }
-
-    fn solve_in_pool(&self, out: GradsMut<'_, T>) -> Stats {
         let g = &self.g;
         let needs = Needs {
             input: out.input.is_some(),

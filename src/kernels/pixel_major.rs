@@ -103,7 +103,7 @@ impl<T: Float> PixelMajor<T> {
             .for_each(|(i, dst)| {
                 let src = &input[(first + i) * channels * pixels..][..channels * pixels];
                 dst.par_chunks_mut(chunk).enumerate().for_each(|(b, rows)| {
-                    let rows = zeroed(rows);
+                    let rows = crate::geometry::filled(rows, T::ZERO);
                     if b * COPY_PIXELS < pixels {
                         let body = rows.len().min((pixels - b * COPY_PIXELS) * channels);
                         transpose_block(src, channels, pixels, b * COPY_PIXELS, &mut rows[..body]);
@@ -111,7 +111,7 @@ impl<T: Float> PixelMajor<T> {
                 });
             });
         // SAFETY: the capacity is at least `count * per_image` (above) and every one of those
-        // slots was initialised by `zeroed`.
+        // slots was initialised by `filled`.
         unsafe { self.data.set_len(count * per_image) };
     }
 
@@ -125,15 +125,6 @@ impl<T: Float> PixelMajor<T> {
             zero_pixel: self.pixels,
         }
     }
-}
-
-/// `slots` set to zero, as initialised values.
-fn zeroed<T: Float>(slots: &mut [std::mem::MaybeUninit<T>]) -> &mut [T] {
-    for s in slots.iter_mut() {
-        s.write(T::ZERO);
-    }
-    // SAFETY: every slot was just initialised, and `MaybeUninit<T>` has `T`'s layout.
-    unsafe { std::slice::from_raw_parts_mut(slots.as_mut_ptr().cast::<T>(), slots.len()) }
 }
 
 /// One image pixel-major: channel `c` of pixel `p` at `values[p * channels + c]`.
