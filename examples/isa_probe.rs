@@ -3,7 +3,8 @@
 //! forward, the dense forward and the full deformable backward in `f32` and `f64`, in ms and
 //! GFLOP/s. Run it under `DEFORMCONV_ISA=avx512|avx2|portable|scalar` to compare backends.
 //! `DTYPE=f32|f64` runs one element type only; `PARTS=fwd,dense,bwd` (any subset) times only
-//! those parts (the others print as 0).
+//! those parts (the others print as 0); `WANT=input,offset,mask,weight,bias` (any subset)
+//! times the backward of those gradients only.
 
 use deformconv::{conv2d, deform_conv2d, deform_conv2d_backward, Float, Want};
 use ndarray::{Array1, Array4};
@@ -61,6 +62,20 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
         .unwrap();
         std::hint::black_box(r);
     });
+    // WANT=input,offset,mask,weight,bias (any subset) times only those gradients.
+    let want = match std::env::var("WANT") {
+        Ok(w) => {
+            let has = |g: &str| w.split(',').any(|x| x == g);
+            Want {
+                input: has("input"),
+                offset: has("offset"),
+                mask: has("mask"),
+                weight: has("weight"),
+                bias: has("bias"),
+            }
+        }
+        Err(_) => Want::ALL,
+    };
     let bwd = best(iters_of("bwd"), || {
         let r = deform_conv2d_backward(
             go.view(),
@@ -69,7 +84,7 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
             mask.as_ref().map(|m| m.view()),
             weight.view(),
             &p,
-            Want::ALL,
+            want,
         )
         .unwrap();
         std::hint::black_box(r);
