@@ -213,9 +213,15 @@ fn pass<
             // SAFETY: a backend value of ISA Avx512 exists only where AVX-512F was detected;
             // the bounds `pairs::pass` relies on are asserted above.
             unsafe {
-                pairs::pass::<SCATTER, OFFSET, MASK, COLS>(
-                    input, grad, shape, table, gcol, channels, out,
-                )
+                if count == 8 {
+                    pairs::pass::<SCATTER, OFFSET, MASK, COLS, true>(
+                        input, grad, shape, table, gcol, channels, out,
+                    )
+                } else {
+                    pairs::pass::<SCATTER, OFFSET, MASK, COLS, false>(
+                        input, grad, shape, table, gcol, channels, out,
+                    )
+                }
             };
             return;
         }

@@ -38,56 +38,24 @@ fn half_sums(v: __m512) -> (f32, f32) {
 }
 
 /// The parent's `pass` for `channels.len() <= 8`, after its bounds checks: the same
-/// arguments and outputs.
+/// arguments and outputs. `FULL` is `channels.len() == 8`.
 ///
 /// # Safety
-/// AVX-512F; the bounds that the parent's `pass` asserts before calling this.
+/// AVX-512F; `FULL` exactly when 8 channels; the bounds that the parent's `pass` asserts
+/// before calling this.
 ///
 /// Inlined into the generic pass's AVX-512 instance: out of line, the same code ran 20% longer
 /// (AMD Zen 4, W1 full backward, 1 thread, perf samples of this function; the backward's wall
 /// minimum over 100 runs, 2 threads: 1.22 against 1.13 ms).
+///
+/// Full segments (W1) fill each half exactly, so a pair's `gcol` and `cols` rows are one
+/// unmasked 512-bit load or store and its corners two 256-bit loads. Together with stepping
+/// (pixel, tap) by counters instead of two divisions per pair, against masked accesses for
+/// every segment (AMD Zen 4, W1 full backward, minimum of 300 runs, alternating binaries):
+/// 2 threads 0.96-0.97 -> 0.91-0.92 ms (4 rounds), 1 thread 1.80-1.85 -> 1.70-1.74 ms (3 rounds).
 #[target_feature(enable = "avx512f")]
 #[inline]
 pub(super) unsafe fn pass<
-    const SCATTER: bool,
-    const OFFSET: bool,
-    const MASK: bool,
-    const COLS: bool,
->(
-    input: &[f32],
-    grad: &mut [f32],
-    shape: CellShape,
-    table: &TapColumns<f32>,
-    gcol: &[f32],
-    channels: Range<usize>,
-    out: SampleOut<'_, f32>,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if channels.len() == 8 {
-            pass_of::<SCATTER, OFFSET, MASK, COLS, true>(
-                input, grad, shape, table, gcol, channels, out,
-            )
-        } else {
-            pass_of::<SCATTER, OFFSET, MASK, COLS, false>(
-                input, grad, shape, table, gcol, channels, out,
-            )
-        }
-    }
-}
-
-/// [`pass`] for `FULL = (channels.len() == 8)`: full segments (W1) fill each half exactly, so
-/// a pair's `gcol` and `cols` rows are one unmasked 512-bit load or store and its corners two
-/// 256-bit loads. Together with stepping (pixel, tap) by counters instead of two divisions per
-/// pair, against masked accesses for every segment (AMD Zen 4, W1 full backward, minimum of
-/// 300 runs, alternating binaries): 2 threads 0.96-0.97 -> 0.91-0.92 ms (4 rounds), 1 thread
-/// 1.80-1.85 -> 1.70-1.74 ms (3 rounds).
-///
-/// # Safety
-/// As for [`pass`].
-#[target_feature(enable = "avx512f")]
-#[inline]
-unsafe fn pass_of<
     const SCATTER: bool,
     const OFFSET: bool,
     const MASK: bool,
@@ -113,7 +81,7 @@ unsafe fn pass_of<
     let need_g = SCATTER || OFFSET || MASK;
     let need_in = OFFSET || MASK || COLS;
     let count = channels.len();
-    debug_assert!((1..=8).contains(&count) && (!FULL || count == 8));
+    debug_assert!((1..=8).contains(&count) && FULL == (count == 8));
     let samples = k_taps * tile;
     let SampleOut { dy, dx, mask, cols } = out;
     let corner = [0, cpc, pitch * cpc, (pitch + 1) * cpc];
