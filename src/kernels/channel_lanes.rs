@@ -128,11 +128,23 @@ pub(crate) fn interpolate_tap<B: Backend, T: Element>(
         .iter()
         .all(|i| i[..len].iter().all(|&v| v < 0 || (v as usize) < zero_pixel)));
     let zero = T::V::<B>::splat(b, T::default());
-    // stage[block * N + p]: channel block `block` of pixel `p`. Entries past the current
-    // pixels hold earlier values; their lanes are never stored.
-    let mut stage = [zero; STAGE];
-    let mut block = [zero; 16];
     let part_channels = STAGE / n * n;
+    // stage[block * N + p]: channel block `block` of pixel `p`. Entries past the current
+    // pixels hold earlier values; their lanes are never stored. Only the entries a part can
+    // use are initialised: zeroing all of `STAGE` on every call was 3.6% of the AVX2 W1
+    // forward (8 channels use 8 of the 256 entries). W1 forward, 1 thread, minimum of 200
+    // runs over 6 alternating rounds (AMD Zen 4, noisy host): AVX2 f32 1.23 -> 1.18 ms,
+    // AVX-512 f64 1.78 -> 1.66, portable f32 3.30 -> 3.19.
+    let used = channels.len().min(part_channels).div_ceil(n) * n;
+    let mut stage_memory = [std::mem::MaybeUninit::<T::V<B>>::uninit(); STAGE];
+    for entry in &mut stage_memory[..used] {
+        entry.write(zero);
+    }
+    debug_assert!(used <= STAGE);
+    // SAFETY: the first `used <= STAGE` entries were initialised just above.
+    let stage: &mut [T::V<B>] =
+        unsafe { std::slice::from_raw_parts_mut(stage_memory.as_mut_ptr().cast(), used) };
+    let mut block = [zero; 16];
     let mut part = channels.start;
     while part < channels.end {
         let part_end = channels.end.min(part + part_channels);
