@@ -30,7 +30,7 @@ pub(crate) fn run<T: Float>(
         return Stats::default();
     }
     let layout = PlaneLayout::for_convention(ops.convention, g.h, g.w);
-    let plan = Plan::new(g, layout, pixel_major_candidate(ops));
+    let plan = Plan::new(g, layout, pixel_major_candidate(g, ops));
     let pixel_major = plan.pixel_major;
     let n_tasks = plan.tasks(g);
     let mut per_task: Vec<Vec<(usize, ImageOut<'_, T>)>> =
@@ -79,13 +79,27 @@ pub(crate) fn run<T: Float>(
 }
 
 /// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): deformable,
-/// `f32`, on a vector backend. Measured on W4 (`f32`, AVX-512, 1 thread): backward 175 -> 100
-/// ms against the channel-major col2im + coord kernels (same run: forward 53 ms). On an AMD
-/// Zen 4 (2 threads, min of 3 x 5 runs, channel-major -> pixel-major): AVX2 W1 2.56 -> 1.91,
-/// W2 50.0 -> 45.1, W4 156 -> 126 ms; portable W1 3.43 -> 3.13, W4 158 -> 137 ms. `f64`
-/// stays channel-major: it lost there (AVX-512 W2 90 -> 97, AVX2 W4 256 -> 268, portable W4
-/// 241 -> 342 ms).
-pub(super) fn pixel_major_candidate<T: Float>(ops: &Operands<'_, T>) -> bool {
+/// `f32`, on a vector backend; `f64` on AVX-512 when an offset group has at most 64 channels.
+///
+/// `f32`, measured on W4 (AVX-512, 1 thread): backward 175 -> 100 ms against the channel-major
+/// col2im + coord kernels (same run: forward 53 ms). On an AMD Zen 4 (2 threads, min of 3 x 5
+/// runs, channel-major -> pixel-major): AVX2 W1 2.56 -> 1.91, W2 50.0 -> 45.1, W4 156 -> 126
+/// ms; portable W1 3.43 -> 3.13, W4 158 -> 137 ms.
+///
+/// `f64` lost on wide groups (AVX-512 W2, 128 channels per offset group, 90 -> 97; AVX2 W4
+/// 256 -> 268, portable W4 241 -> 342 ms) but wins on narrow ones on AVX-512: W1 with 8, 16,
+/// 32 and 64 input channels (batch 64 x 8 / channels, 1 thread, min of 60, 3 rounds, Zen 4)
+/// 4.93 -> 3.09, 4.26 -> 2.60, 4.00 -> 2.41, 4.00 -> 2.17 ms. Not on AVX2: there one benchmark
+/// binary measured 5.2 -> 4.0 ms on W1 and another, timing the same call, 5.2 -> 9.7, which
+/// points at code generation that depends on the caller and is not yet understood; portable
+/// measured 6.9 -> 7.1.
+pub(super) fn pixel_major_candidate<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> bool {
     use crate::kernels::backend::{isa, Isa};
-    (ops.offset.is_some() || ops.mask.is_some()) && T::IS_F32 && isa() != Isa::Scalar
+    let deformable = ops.offset.is_some() || ops.mask.is_some();
+    deformable
+        && match isa() {
+            Isa::Scalar => false,
+            Isa::Avx512 if !T::IS_F32 => g.c_per_offset_group() <= 64,
+            _ => T::IS_F32,
+        }
 }
