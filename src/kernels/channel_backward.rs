@@ -265,7 +265,12 @@ fn pass<
             // This sample's row of `gcol` and `cols`.
             let row = (q * k_taps + k) * count;
             let m = V::<B, T>::splat(b, table.m[e]);
-            let w: [V<B, T>; 4] = std::array::from_fn(|j| V::<B, T>::splat(b, table.weights[j][e]));
+            // Loops, not `std::array::from_fn`: a closure left out of line loses the backend's
+            // features (see `load!`).
+            let mut w = [zero; 4];
+            for (j, wj) in w.iter_mut().enumerate() {
+                *wj = V::<B, T>::splat(b, table.weights[j][e]);
+            }
             let (ly, lx) = (
                 V::<B, T>::splat(b, table.ly[e]),
                 V::<B, T>::splat(b, table.lx[e]),
@@ -303,8 +308,10 @@ fn pass<
                 if need_in {
                     // The entry's gather base is at most max_base, so its corner cells end
                     // inside `input` (asserted above), and channels.end <= cpc.
-                    let v: [V<B, T>; 4] =
-                        std::array::from_fn(|j| load!(input, gather + corner[j] + o, lanes));
+                    let mut v = [zero; 4];
+                    for (j, vj) in v.iter_mut().enumerate() {
+                        *vj = load!(input, gather + corner[j] + o, lanes);
+                    }
                     let bil = bilinear::<B, T>(&w, &v);
                     let bil = if inside { bil } else { zero };
                     if COLS {

@@ -161,7 +161,12 @@ pub(crate) fn interpolate_tap<B: Backend, T: Element>(
                     *a = if i < 0 { zero_pixel } else { i as usize } * c_in;
                     *wt = T::V::<B>::splat(b, tap.weight[t][q]);
                 }
-                let m = tap.mask.map(|m| T::V::<B>::splat(b, m[q]));
+                // `match`, not `Option::map`: a closure left out of line loses the features.
+                #[allow(clippy::manual_map)]
+                let m = match tap.mask {
+                    Some(m) => Some(T::V::<B>::splat(b, m[q])),
+                    None => None,
+                };
                 for k in 0..blocks {
                     let c0 = part + k * n;
                     let cw = n.min(part_end - c0);

@@ -195,15 +195,17 @@ impl Lanes<f32, Avx2> for F32x8 {
         let r: &mut [Self; 8] = rows.try_into().expect("8 rows");
         // SAFETY: AVX2 (a value exists).
         unsafe {
-            let t: [__m256; 8] = std::array::from_fn(|i| {
+            // t[2j]: rows 2j, 2j+1 interleaved from lanes 0, 1 of each half; t[2j+1]: 2, 3. (A
+            // loop, not `std::array::from_fn`: a closure left out of line loses the features.)
+            let mut t = [_mm256_setzero_ps(); 8];
+            for (i, x) in t.iter_mut().enumerate() {
                 let (a, b) = (r[i / 2 * 2].0, r[i / 2 * 2 + 1].0);
-                // t[2j]: rows 2j, 2j+1 interleaved from lanes 0, 1 of each half; t[2j+1]: 2, 3.
-                if i % 2 == 0 {
+                *x = if i % 2 == 0 {
                     _mm256_unpacklo_ps(a, b)
                 } else {
                     _mm256_unpackhi_ps(a, b)
-                }
-            });
+                };
+            }
             // u[4h + m]: column m (of each half) of rows 4h .. 4h + 3.
             let u = [
                 _mm256_shuffle_ps::<0x44>(t[0], t[2]),

@@ -176,14 +176,14 @@ impl Lanes<f32, Avx512> for F32x16 {
     ) {
         assert!(dst.len() >= 15 * ld + 16);
         assert!((1..=16).contains(&rows) && src.len() >= (rows - 1) * stride + 16);
-        // SAFETY: AVX-512F (token); row i < rows ends at i * stride + 16 <= src.len() (asserted).
-        let mut r: [__m512; 16] = std::array::from_fn(|i| unsafe {
-            if i < rows {
-                _mm512_loadu_ps(src.as_ptr().add(i * stride))
-            } else {
-                _mm512_setzero_ps()
-            }
-        });
+        // (A loop, not `std::array::from_fn`: a closure left out of line loses the features.)
+        // SAFETY: AVX-512F (token).
+        let mut r = [unsafe { _mm512_setzero_ps() }; 16];
+        for (i, x) in r.iter_mut().enumerate().take(rows) {
+            // SAFETY: AVX-512F (token); row i < rows ends at i * stride + 16 <= src.len()
+            // (asserted).
+            *x = unsafe { _mm512_loadu_ps(src.as_ptr().add(i * stride)) };
+        }
         // SAFETY: AVX-512F (token).
         unsafe { crate::kernels::transpose::transpose16(&mut r) };
         for (k, v) in r.iter().enumerate() {
@@ -328,14 +328,16 @@ impl Lanes<f64, Avx512> for F64x8 {
         // SAFETY: AVX-512F (a value exists).
         unsafe {
             // t[2j]: even lanes of rows 2j, 2j + 1 interleaved; t[2j + 1]: the odd lanes.
-            let t: [__m512d; 8] = std::array::from_fn(|i| {
+            // (A loop, not `std::array::from_fn`: a closure left out of line loses the features.)
+            let mut t = [_mm512_setzero_pd(); 8];
+            for (i, x) in t.iter_mut().enumerate() {
                 let (a, b) = (r[i / 2 * 2].0, r[i / 2 * 2 + 1].0);
-                if i % 2 == 0 {
+                *x = if i % 2 == 0 {
                     _mm512_unpacklo_pd(a, b)
                 } else {
                     _mm512_unpackhi_pd(a, b)
-                }
-            });
+                };
+            }
             // Columns {0, 4} ({2, 6}) of four rows from the even (odd) pairs of 128-bit lanes.
             let even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
             let odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);

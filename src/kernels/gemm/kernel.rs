@@ -273,7 +273,12 @@ unsafe fn block<B: Backend, T: Element + Float, const MR: usize, const NV: usize
         }
     }
     for (ak, bk) in a.chunks_exact(MR).zip(b.chunks_exact(nr)).take(kc) {
-        let bv: [_; NV] = std::array::from_fn(|v| T::V::<B>::load(be, &bk[v * n..]));
+        // A loop, not `std::array::from_fn`: a closure left out of line is compiled without
+        // the backend's features (see `channel_backward`).
+        let mut bv = [T::V::<B>::splat(be, T::ZERO); NV];
+        for (v, x) in bv.iter_mut().enumerate() {
+            *x = T::V::<B>::load(be, &bk[v * n..]);
+        }
         for (row, &ai) in acc.iter_mut().zip(ak) {
             let av = T::V::<B>::splat(be, ai);
             for (x, &bx) in row.iter_mut().zip(&bv) {
