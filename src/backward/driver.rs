@@ -79,7 +79,8 @@ pub(crate) fn run<T: Float>(
 }
 
 /// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): deformable,
-/// `f32`, on a vector backend; `f64` on AVX-512 when an offset group has at most 64 channels.
+/// `f32`, on a vector backend; `f64` on AVX-512 and AVX2 when an offset group has at most 64
+/// channels.
 ///
 /// `f32`, measured on W4 (AVX-512, 1 thread): backward 175 -> 100 ms against the channel-major
 /// col2im + coord kernels (same run: forward 53 ms). On an AMD Zen 4 (2 threads, min of 3 x 5
@@ -87,19 +88,17 @@ pub(crate) fn run<T: Float>(
 /// ms; portable W1 3.43 -> 3.13, W4 158 -> 137 ms.
 ///
 /// `f64` lost on wide groups (AVX-512 W2, 128 channels per offset group, 90 -> 97; AVX2 W4
-/// 256 -> 268, portable W4 241 -> 342 ms) but wins on narrow ones on AVX-512: W1 with 8, 16,
-/// 32 and 64 input channels (batch 64 x 8 / channels, 1 thread, min of 60, 3 rounds, Zen 4)
-/// 4.93 -> 3.09, 4.26 -> 2.60, 4.00 -> 2.41, 4.00 -> 2.17 ms. Not on AVX2: there one benchmark
-/// binary measured 5.2 -> 4.0 ms on W1 and another, timing the same call, 5.2 -> 9.7, which
-/// points at code generation that depends on the caller and is not yet understood; portable
-/// measured 6.9 -> 7.1.
+/// 256 -> 268, portable W4 241 -> 342 ms) but wins on narrow ones: W1 with 8, 16, 32 and 64
+/// input channels (batch 64 x 8 / channels, 1 thread, min of 60, 3 rounds, Zen 4), AVX-512
+/// 4.93 -> 3.09, 4.26 -> 2.60, 4.00 -> 2.41, 4.00 -> 2.17 ms; AVX2 5.22 -> 3.95, 4.49 -> 3.32,
+/// 4.23 -> 3.16, 4.23 -> 2.88. Portable stays channel-major (W1 6.9 -> 7.1).
 pub(super) fn pixel_major_candidate<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> bool {
     use crate::kernels::backend::{isa, Isa};
     let deformable = ops.offset.is_some() || ops.mask.is_some();
     deformable
         && match isa() {
             Isa::Scalar => false,
-            Isa::Avx512 if !T::IS_F32 => g.c_per_offset_group() <= 64,
+            Isa::Avx512 | Isa::Avx2 if !T::IS_F32 => g.c_per_offset_group() <= 64,
             _ => T::IS_F32,
         }
 }

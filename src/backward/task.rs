@@ -3,9 +3,9 @@
 //! ([`super::tables`]), the GEMMs ([`super::gemms`]) and the copies in and out of its planes
 //! ([`super::planes`]).
 //!
-//! **Two layouts.** Deformable `f32` on a vector backend (and `f64` on AVX-512 with at most 64
-//! channels per offset group; see `driver::pixel_major_candidate`) runs *pixel-major*: input
-//! and grad_input planes are `[cell][channel]`, `gcol` and `cols` are `[pixel][k][channel]`,
+//! **Two layouts.** Deformable `f32` on a vector backend (and `f64` on AVX-512 and AVX2 with at
+//! most 64 channels per offset group; see `driver::pixel_major_candidate`) runs *pixel-major*:
+//! input and grad_input planes are `[cell][channel]`, `gcol` and `cols` are `[pixel][k][channel]`,
 //! the GEMMs are turned around to produce and consume that orientation (`weight` permuted
 //! tap-major and packed once per call), and one fused pass of
 //! [`crate::kernels::channel_backward`] does col2im and coord a vector of channels at a time.
