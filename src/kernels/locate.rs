@@ -85,49 +85,65 @@ impl<T: Float> WithBackend for Row<'_, T> {
         assert!(y.size.checked_mul(x.size).is_some_and(|p| p < MAX_PLANE));
         assert!(y.size < LIMIT && x.size < LIMIT);
         let n = <T::V<B> as Lanes<T, B>>::N;
-        let splat = |v: T| V::<B, T>::splat(b, v);
-        let one = splat(T::ONE);
-        let (hv, wv) = (splat(T::from_usize(y.size)), splat(T::from_usize(x.size)));
-        let (tap_y, tap_x) = (splat(y.tap), splat(x.tap));
-        let block = |q: usize, lanes: usize, vector: bool| {
-            if !vector {
-                for r in q..q + lanes {
-                    let by = (y.base[r] + y.tap).to_f64() as isize;
-                    let bx = (x.base[r] + x.tap).to_f64() as isize;
-                    let (c, wt) = locate_flat(by, y.offset[r], bx, x.offset[r], y.size, x.size);
-                    for t in 0..4 {
-                        index[t][r] = c[t] as i32;
-                        weight[t][r] = wt[t];
+        // Macros, not closures: out of line a closure loses the backend's features.
+        macro_rules! splat {
+            ($v:expr) => {
+                V::<B, T>::splat(b, $v)
+            };
+        }
+        let one = splat!(T::ONE);
+        let (hv, wv) = (splat!(T::from_usize(y.size)), splat!(T::from_usize(x.size)));
+        let (tap_y, tap_x) = (splat!(y.tap), splat!(x.tap));
+        // The closure in argument position, marked `#[inline(always)]`: out of line it would
+        // lose the backend's features (see `WithBackend`).
+        by_blocks::<T, B>(
+            len,
+            y.offset,
+            x.offset,
+            #[inline(always)]
+            |q: usize, lanes: usize, vector: bool| {
+                if !vector {
+                    for r in q..q + lanes {
+                        let by = (y.base[r] + y.tap).to_f64() as isize;
+                        let bx = (x.base[r] + x.tap).to_f64() as isize;
+                        let (c, wt) = locate_flat(by, y.offset[r], bx, x.offset[r], y.size, x.size);
+                        for t in 0..4 {
+                            index[t][r] = c[t] as i32;
+                            weight[t][r] = wt[t];
+                        }
                     }
+                    return;
                 }
-                return;
-            }
-            let load = |s: &[T]| load_lanes(b, s, q, lanes);
-            let (dy, dx) = (load(y.offset), load(x.offset));
-            let ry = AxisRule::new(b, load(y.base).add(tap_y), dy, hv);
-            let rx = AxisRule::new(b, load(x.base).add(tap_x), dx, wv);
-            let inside = ry.inside.mul(rx.inside);
-            let base = ry.floor.mul(wv).add(rx.floor);
-            let corners = [
-                (ry.first.mul(rx.first), base),
-                (ry.first.mul(rx.second), base.add(one)),
-                (ry.second.mul(rx.first), base.add(wv)),
-                (ry.second.mul(rx.second), base.add(wv).add(one)),
-            ];
-            let weights = bilinear_weights(&ry, &rx);
-            for (t, (valid, at)) in corners.into_iter().enumerate() {
-                // (at + 1) * ok - 1: the corner offset where it counts, else -1 (exact: both
-                // are below 2^24 where ok is 1; finite times 0 elsewhere).
-                let ok = valid.mul(inside);
-                at.add(one)
-                    .mul(ok)
-                    .sub(one)
-                    .store_i32(&mut index[t][q..q + lanes]);
-                // Weights are at least 0, so an outside sample's are +0, as the scalar rule's.
-                store_lanes(weights[t].mul(inside), &mut weight[t][q..q + lanes], n);
-            }
-        };
-        by_blocks::<T, B>(len, y.offset, x.offset, block);
+                macro_rules! load {
+                    ($s:expr) => {
+                        load_lanes(b, $s, q, lanes)
+                    };
+                }
+                let (dy, dx) = (load!(y.offset), load!(x.offset));
+                let ry = AxisRule::new(b, load!(y.base).add(tap_y), dy, hv);
+                let rx = AxisRule::new(b, load!(x.base).add(tap_x), dx, wv);
+                let inside = ry.inside.mul(rx.inside);
+                let base = ry.floor.mul(wv).add(rx.floor);
+                let corners = [
+                    (ry.first.mul(rx.first), base),
+                    (ry.first.mul(rx.second), base.add(one)),
+                    (ry.second.mul(rx.first), base.add(wv)),
+                    (ry.second.mul(rx.second), base.add(wv).add(one)),
+                ];
+                let weights = bilinear_weights(&ry, &rx);
+                for (t, (valid, at)) in corners.into_iter().enumerate() {
+                    // (at + 1) * ok - 1: the corner offset where it counts, else -1 (exact: both
+                    // are below 2^24 where ok is 1; finite times 0 elsewhere).
+                    let ok = valid.mul(inside);
+                    at.add(one)
+                        .mul(ok)
+                        .sub(one)
+                        .store_i32(&mut index[t][q..q + lanes]);
+                    // Weights are at least 0, so an outside sample's are +0, as the scalar rule's.
+                    store_lanes(weights[t].mul(inside), &mut weight[t][q..q + lanes], n);
+                }
+            },
+        );
     }
 }
 
@@ -196,57 +212,76 @@ impl<T: Float> WithBackend for Columns<'_, '_, T> {
         assert!(run.plane0 + layout.len() < MAX_PLANE && layout.h.max(layout.w) < LIMIT);
         debug_assert!(!layout.is_replicated());
         let n = <T::V<B> as Lanes<T, B>>::N;
-        let splat = |v: T| V::<B, T>::splat(b, v);
-        let (zero, one) = (splat(T::ZERO), splat(T::ONE));
+        // Macros, not closures: out of line a closure loses the backend's features.
+        macro_rules! splat {
+            ($v:expr) => {
+                V::<B, T>::splat(b, $v)
+            };
+        }
+        let (zero, one) = (splat!(T::ZERO), splat!(T::ONE));
         let (hv, wv) = (
-            splat(T::from_usize(layout.h)),
-            splat(T::from_usize(layout.w)),
+            splat!(T::from_usize(layout.h)),
+            splat!(T::from_usize(layout.w)),
         );
-        let (tap_y, tap_x) = (splat(run.tap_y), splat(run.tap_x));
-        let pitch = splat(T::from_usize(layout.pitch()));
+        let (tap_y, tap_x) = (splat!(run.tap_y), splat!(run.tap_x));
+        let pitch = splat!(T::from_usize(layout.pitch()));
         // plane0 + index(y, x) = y * pitch + x + (plane0 + pitch + 1).
-        let cell0 = splat(T::from_usize(run.plane0 + layout.pitch() + 1));
-        let zero_cell = splat(T::from_usize(run.plane0 + layout.zero_base()));
-        let block = |q: usize, lanes: usize, vector: bool| {
-            if !vector {
-                for r in q..q + lanes {
-                    let t = Tap::with_rule::<TorchvisionRule>(
-                        layout,
-                        run.plane0,
-                        ((run.base_y[r] + run.tap_y).to_f64() as isize, run.dy[r]),
-                        ((run.base_x[r] + run.tap_x).to_f64() as isize, run.dx[r]),
-                        run.m.map_or(T::ONE, |m| m[r]),
-                    );
-                    cols.set(run.at + r, &t);
+        let cell0 = splat!(T::from_usize(run.plane0 + layout.pitch() + 1));
+        let zero_cell = splat!(T::from_usize(run.plane0 + layout.zero_base()));
+        // The closure in argument position, marked `#[inline(always)]`: out of line it would
+        // lose the backend's features (see `WithBackend`).
+        by_blocks::<T, B>(
+            len,
+            run.dy,
+            run.dx,
+            #[inline(always)]
+            |q: usize, lanes: usize, vector: bool| {
+                if !vector {
+                    for r in q..q + lanes {
+                        let t = Tap::with_rule::<TorchvisionRule>(
+                            layout,
+                            run.plane0,
+                            ((run.base_y[r] + run.tap_y).to_f64() as isize, run.dy[r]),
+                            ((run.base_x[r] + run.tap_x).to_f64() as isize, run.dx[r]),
+                            run.m.map_or(T::ONE, |m| m[r]),
+                        );
+                        cols.set(run.at + r, &t);
+                    }
+                    return;
                 }
-                return;
-            }
-            let load = |s: &[T]| load_lanes(b, s, q, lanes);
-            let e = run.at + q..run.at + q + lanes;
-            let (dy, dx) = (load(run.dy), load(run.dx));
-            let ry = AxisRule::new(b, load(run.base_y).add(tap_y), dy, hv);
-            let rx = AxisRule::new(b, load(run.base_x).add(tap_x), dx, wv);
-            let inside = ry.inside.mul(rx.inside);
-            // Torchvision reads every sample with a corner cell in the image or its zero
-            // border (inside implies it); elsewhere the table points at zero cells.
-            let reach = ry.reach.mul(rx.reach);
-            // Exact where it is kept: cells below 2^24.
-            let cell = ry.floor.mul(pitch).add(rx.floor).add(cell0);
-            zero.lt_select(reach, cell, zero_cell)
-                .store_i32(&mut cols.gather[e.clone()]);
-            zero.lt_select(inside, cell, zero_cell)
-                .store_i32(&mut cols.scatter[e.clone()]);
-            let weights = bilinear_weights(&ry, &rx);
-            for (col, w) in cols.weights.iter_mut().zip(weights) {
-                store_lanes(w.mul(inside), &mut col[e.clone()], n);
-            }
-            store_lanes(ry.low.mul(reach), &mut cols.ly[e.clone()], n);
-            store_lanes(rx.low.mul(reach), &mut cols.lx[e.clone()], n);
-            let m = run.m.map_or(one, load);
-            store_lanes(m, &mut cols.m[e.clone()], n);
-            zero.sub(inside).store_i32(&mut cols.inside[e]);
-        };
-        by_blocks::<T, B>(len, run.dy, run.dx, block);
+                macro_rules! load {
+                    ($s:expr) => {
+                        load_lanes(b, $s, q, lanes)
+                    };
+                }
+                let e = run.at + q..run.at + q + lanes;
+                let (dy, dx) = (load!(run.dy), load!(run.dx));
+                let ry = AxisRule::new(b, load!(run.base_y).add(tap_y), dy, hv);
+                let rx = AxisRule::new(b, load!(run.base_x).add(tap_x), dx, wv);
+                let inside = ry.inside.mul(rx.inside);
+                // Torchvision reads every sample with a corner cell in the image or its zero
+                // border (inside implies it); elsewhere the table points at zero cells.
+                let reach = ry.reach.mul(rx.reach);
+                // Exact where it is kept: cells below 2^24.
+                let cell = ry.floor.mul(pitch).add(rx.floor).add(cell0);
+                zero.lt_select(reach, cell, zero_cell)
+                    .store_i32(&mut cols.gather[e.clone()]);
+                zero.lt_select(inside, cell, zero_cell)
+                    .store_i32(&mut cols.scatter[e.clone()]);
+                let weights = bilinear_weights(&ry, &rx);
+                for (col, w) in cols.weights.iter_mut().zip(weights) {
+                    store_lanes(w.mul(inside), &mut col[e.clone()], n);
+                }
+                store_lanes(ry.low.mul(reach), &mut cols.ly[e.clone()], n);
+                store_lanes(rx.low.mul(reach), &mut cols.lx[e.clone()], n);
+                let m = match run.m {
+                    Some(m) => load!(m),
+                    None => one,
+                };
+                store_lanes(m, &mut cols.m[e.clone()], n);
+                zero.sub(inside).store_i32(&mut cols.inside[e]);
+            },
+        );
     }
 }
 

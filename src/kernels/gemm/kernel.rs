@@ -247,15 +247,19 @@ unsafe fn block<B: Backend, T: Element + Float, const MR: usize, const NV: usize
     let nr = block_shape::<T, B>().1;
     debug_assert!(a.len() >= kc * MR && b.len() >= kc * nr && NV * n <= nr);
     debug_assert!(c.live <= MR && c.width <= NV * n && c.width > (NV - 1) * n);
-    let load = |i: usize, v: usize| {
-        // SAFETY: i < live, v < NV with (NV - 1) * N < width (the caller's tile).
-        let part = unsafe { c.part(i, v, n) };
-        if part.len() == n {
-            T::V::<B>::load(be, part)
-        } else {
-            T::V::<B>::load_partial(be, part)
-        }
-    };
+    // A macro, not a closure: out of line a closure loses the backend's features.
+    macro_rules! load {
+        ($i:expr, $v:expr) => {{
+            let (i, v) = ($i, $v);
+            // SAFETY: i < live, v < NV with (NV - 1) * N < width (the caller's tile).
+            let part = unsafe { c.part(i, v, n) };
+            if part.len() == n {
+                T::V::<B>::load(be, part)
+            } else {
+                T::V::<B>::load_partial(be, part)
+            }
+        }};
+    }
     let mut acc = [[T::V::<B>::splat(be, T::ZERO); NV]; MR];
     match start {
         Start::Bias(bias) => {
@@ -267,7 +271,7 @@ unsafe fn block<B: Backend, T: Element + Float, const MR: usize, const NV: usize
         Start::Load => {
             for (i, row) in acc.iter_mut().enumerate().take(c.live) {
                 for (v, x) in row.iter_mut().enumerate() {
-                    *x = load(i, v);
+                    *x = load!(i, v);
                 }
             }
         }
