@@ -102,6 +102,32 @@ pub(crate) fn interpolate_tap<B: Backend, T: Element>(
     len: usize,
     out: TileRows<'_, T>,
 ) {
+    // Whole vectors of channels (W1's 8 channels on AVX2, in `f32` or `f64`): no partial
+    // loads or lane counts in the inner loop, and the table read without bounds checks. W1
+    // forward on AVX2, AMD Zen 3 (`cpu family 25`, no AVX-512), `fwd_probe` / `isa_probe`,
+    // minimum of runs alternating the two binaries: `f32` 1 thread 1.52 -> 1.35 ms, 2 threads
+    // 1.28 -> 1.09; `f64` 2 threads 2.21 -> 1.50.
+    if rows
+        .channels
+        .len()
+        .is_multiple_of(<T::V<B> as Lanes<T, B>>::N)
+    {
+        interpolate_blocks::<B, T, true>(b, image, rows, tap, len, out);
+    } else {
+        interpolate_blocks::<B, T, false>(b, image, rows, tap, len, out);
+    }
+}
+
+/// [`interpolate_tap`]; `FULL`: every channel block is a whole vector.
+#[inline(always)]
+fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
+    b: B,
+    image: PixelImage<'_, T>,
+    rows: ChannelRows,
+    tap: &TapRow<'_, T>,
+    len: usize,
+    out: TileRows<'_, T>,
+) {
     let n = <T::V<B> as Lanes<T, B>>::N;
     let PixelImage {
         values,
@@ -157,19 +183,27 @@ pub(crate) fn interpolate_tap<B: Backend, T: Element>(
                 let mut at = [0usize; 4];
                 let mut w = [zero; 4];
                 for (t, (a, wt)) in at.iter_mut().zip(&mut w).enumerate() {
-                    let i = tap.index[t][q];
+                    // SAFETY: q < len, and every table row holds at least len entries
+                    // (asserted).
+                    let (i, weight) = unsafe {
+                        (
+                            *tap.index[t].get_unchecked(q),
+                            *tap.weight[t].get_unchecked(q),
+                        )
+                    };
                     *a = if i < 0 { zero_pixel } else { i as usize } * c_in;
-                    *wt = T::V::<B>::splat(b, tap.weight[t][q]);
+                    *wt = T::V::<B>::splat(b, weight);
                 }
                 // `match`, not `Option::map`: a closure left out of line loses the features.
                 #[allow(clippy::manual_map)]
                 let m = match tap.mask {
-                    Some(m) => Some(T::V::<B>::splat(b, m[q])),
+                    // SAFETY: q < len <= m.len() (asserted).
+                    Some(m) => Some(T::V::<B>::splat(b, unsafe { *m.get_unchecked(q) })),
                     None => None,
                 };
                 for k in 0..blocks {
                     let c0 = part + k * n;
-                    let cw = n.min(part_end - c0);
+                    let cw = if FULL { n } else { n.min(part_end - c0) };
                     // Macro, not closure: a closure left out of line loses the backend's features.
                     macro_rules! corner {
                         ($t:expr) => {{
@@ -179,7 +213,7 @@ pub(crate) fn interpolate_tap<B: Backend, T: Element>(
                             // lie below channels.end <= c_in, so the values lie in the image
                             // ((zero_pixel + 1) * c_in values, asserted).
                             let corner = unsafe { values.get_unchecked(from..from + cw) };
-                            if cw == n {
+                            if FULL || cw == n {
                                 T::V::<B>::load(b, corner)
                             } else {
                                 T::V::<B>::load_partial(b, corner)
@@ -193,7 +227,9 @@ pub(crate) fn interpolate_tap<B: Backend, T: Element>(
                     if let Some(m) = m {
                         acc = m.mul(acc);
                     }
-                    stage[k * n + p] = acc;
+                    debug_assert!(k * n + p < stage.len());
+                    // SAFETY: k < blocks and p < n, so k * n + p < blocks * n <= used.
+                    unsafe { *stage.get_unchecked_mut(k * n + p) = acc };
                 }
             }
             for k in 0..blocks {
