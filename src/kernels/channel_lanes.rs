@@ -175,9 +175,13 @@ fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
     while part < channels.end {
         let part_end = channels.end.min(part + part_channels);
         let blocks = (part_end - part).div_ceil(n);
+        // One whole block (W1's 8 channels on AVX2): the pixels go straight to `block`, not
+        // through `stage`. W1 `f32` forward, AVX2, AMD Zen 3, minimum of 8 alternating rounds:
+        // 1.17 -> 1.12 ms on 1 thread, 0.59 -> 0.58 on 2.
+        let direct = FULL && blocks == 1;
         for q0 in (0..len).step_by(n) {
             let pw = n.min(len - q0);
-            for p in 0..pw {
+            for (p, slot) in block.iter_mut().enumerate().take(pw) {
                 let q = q0 + p;
                 // The element offset of each corner's pixel (the zero pixel for no corner).
                 let mut at = [0usize; 4];
@@ -227,15 +231,21 @@ fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
                     if let Some(m) = m {
                         acc = m.mul(acc);
                     }
-                    debug_assert!(k * n + p < stage.len());
-                    // SAFETY: k < blocks and p < n, so k * n + p < blocks * n <= used.
-                    unsafe { *stage.get_unchecked_mut(k * n + p) = acc };
+                    if direct {
+                        *slot = acc;
+                    } else {
+                        debug_assert!(k * n + p < stage.len());
+                        // SAFETY: k < blocks and p < n, so k * n + p < blocks * n <= used.
+                        unsafe { *stage.get_unchecked_mut(k * n + p) = acc };
+                    }
                 }
             }
             for k in 0..blocks {
                 let c0 = part + k * n;
                 let cw = n.min(part_end - c0);
-                block[..n].copy_from_slice(&stage[k * n..][..n]);
+                if !direct {
+                    block[..n].copy_from_slice(&stage[k * n..][..n]);
+                }
                 T::V::<B>::transpose(b, &mut block[..n]);
                 for (ci, v) in block[..cw].iter().enumerate() {
                     let at = rows.row(c0 + ci) * ld + q0;
