@@ -22,6 +22,21 @@ const COLUMN_BUDGET_BYTES: usize = 1 << 20;
 /// 0.42/18.86/51.21 at 96).
 const LANE_MULTIPLE: usize = 48;
 
+/// Tile lengths where even [`LANE_MULTIPLE`] pixels overflow [`COLUMN_BUDGET_BYTES`] (W2 and
+/// W2s in `f64`: 4608 rows of 8 bytes): the tile cannot stay in L2 whatever its length, and
+/// every tile streams the whole weight (19 MB for W2 in `f64`) past it, so fewer, longer tiles
+/// pay. `isa_probe`, `f64`, AVX-512, 2 threads, AMD Zen 4, 8 alternating rounds, min: W2
+/// forward 51.3 ms at 48, 47.5 at 96, 45.4 at 192; W2s 55.8 / 50.1 / 48.0. Shapes whose
+/// 48-pixel tile fits are not changed: there longer tiles lost (W4 `f64` forward 108 -> 117
+/// -> 123 ms at 48 / 96 / 192, `f32` W2 19.5 -> 21.6 at 192). This rule against 48 (W2 `f64`
+/// forward, min of 8 alternating rounds): AVX-512 50.4 -> 46.0 ms, AVX2 61.1 -> 50.8, portable
+/// 55.8 -> 46.4 (5 rounds); `f32` level.
+const OVERFLOW_MULTIPLE: usize = 4 * LANE_MULTIPLE;
+
+/// The longest column tile [`OVERFLOW_MULTIPLE`] may make, per thread (W2 in `f64`: 7.1 MB);
+/// wider layers keep [`LANE_MULTIPLE`], so the forward's workspace stays bounded.
+const OVERFLOW_TILE_BYTES: usize = 8 << 20;
+
 /// Enough tiles for two threads to balance (a thread's last tile is at most 1/8 of its work).
 /// 8 measured level and 32 no better (same run as [`LANE_MULTIPLE`]: W1/W2 forward median
 /// of the rounds 0.42/19.23 ms at 16 and at 8, 0.46/21.41 at 32).
@@ -76,12 +91,18 @@ impl Tile {
 /// Flat pixels per tile for a column buffer of `rows = C_in/groups * kh * kw` rows of
 /// `elem_bytes`-sized elements and `total` flat pixels: as many as fit
 /// [`COLUMN_BUDGET_BYTES`] but few enough for [`MIN_TILES`] tiles, a multiple of
-/// [`LANE_MULTIPLE`] (at least one), at most `total`.
+/// [`LANE_MULTIPLE`] (at least one; of [`OVERFLOW_MULTIPLE`] where one `LANE_MULTIPLE` already
+/// overflows the budget, up to [`OVERFLOW_TILE_BYTES`]), at most `total`.
 pub(crate) fn tile_len(rows: usize, total: usize, elem_bytes: usize) -> usize {
     let fit = COLUMN_BUDGET_BYTES / (rows.max(1) * elem_bytes.max(1));
-    let balanced = total.div_ceil(MIN_TILES).next_multiple_of(LANE_MULTIPLE);
-    let len =
-        (fit / LANE_MULTIPLE * LANE_MULTIPLE).clamp(LANE_MULTIPLE, balanced.max(LANE_MULTIPLE));
+    let long_tile_bytes = rows.saturating_mul(elem_bytes * OVERFLOW_MULTIPLE);
+    let multiple = if fit < LANE_MULTIPLE && long_tile_bytes <= OVERFLOW_TILE_BYTES {
+        OVERFLOW_MULTIPLE
+    } else {
+        LANE_MULTIPLE
+    };
+    let balanced = total.div_ceil(MIN_TILES).next_multiple_of(multiple);
+    let len = (fit / multiple * multiple).clamp(multiple, balanced.max(multiple));
     len.min(total).max(1)
 }
 
@@ -137,6 +158,11 @@ mod tests {
         assert_eq!(tile_len(4608, 16 * 49, 4), 48);
         assert_eq!(tile_len(2304, 2 * 4096, 4), 96);
         assert_eq!(tile_len(72, 64 * 144, 4), 576);
+        // f64: W2's 48-pixel tile overflows the budget, so its tiles grow; W4's fits and stays;
+        // a layer too wide for a long tile keeps the short one.
+        assert_eq!(tile_len(4608, 16 * 49, 8), 192);
+        assert_eq!(tile_len(2304, 2 * 4096, 8), 48);
+        assert_eq!(tile_len(100_000, 4096, 8), 48);
     }
 
     #[test]
