@@ -79,7 +79,7 @@ pub(crate) fn run<T: Float>(
 }
 
 /// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): deformable,
-/// `f32`, on a vector backend; `f64` on AVX-512 and AVX2 when an offset group has at most 64
+/// `f32`, on a vector backend; `f64` on a vector backend when an offset group has at most 64
 /// channels.
 ///
 /// `f32`, measured on W4 (AVX-512, 1 thread): backward 175 -> 100 ms against the channel-major
@@ -91,14 +91,16 @@ pub(crate) fn run<T: Float>(
 /// 256 -> 268, portable W4 241 -> 342 ms) but wins on narrow ones: W1 with 8, 16, 32 and 64
 /// input channels (batch 64 x 8 / channels, 1 thread, min of 60, 3 rounds, Zen 4), AVX-512
 /// 4.93 -> 3.09, 4.26 -> 2.60, 4.00 -> 2.41, 4.00 -> 2.17 ms; AVX2 5.22 -> 3.95, 4.49 -> 3.32,
-/// 4.23 -> 3.16, 4.23 -> 2.88. Portable stays channel-major (W1 6.9 -> 7.1).
+/// 4.23 -> 3.16, 4.23 -> 2.88. Portable lost on W1 (6.9 -> 7.1) while its `floor` was a libm
+/// call per lane on x86; with the vector `floor` it wins: W1 `f64` full backward 3.61 -> 3.07
+/// ms (2 threads, min of 6 alternating rounds, Zen 4).
 pub(super) fn pixel_major_candidate<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> bool {
     use crate::kernels::backend::{isa, Isa};
     let deformable = ops.offset.is_some() || ops.mask.is_some();
     deformable
         && match isa() {
             Isa::Scalar => false,
-            Isa::Avx512 | Isa::Avx2 if !T::IS_F32 => g.c_per_offset_group() <= 64,
+            Isa::Avx512 | Isa::Avx2 | Isa::Portable if !T::IS_F32 => g.c_per_offset_group() <= 64,
             _ => T::IS_F32,
         }
 }
