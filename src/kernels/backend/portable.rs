@@ -62,6 +62,31 @@ macro_rules! floor_wide {
     };
 }
 
+/// The lanes truncated to `i32`, for [`Lanes::store_i32`] (whose lanes are integers below
+/// `2^31` in magnitude).
+trait TruncateLanes<const N: usize> {
+    fn truncate(self) -> [i32; N];
+}
+
+/// One conversion instruction (`cvttps2dq` on SSE2) instead of Rust's saturating `as i32`
+/// per lane, a compare-and-select chain per lane. With the element-wise store below, W1 `f32`
+/// portable (x86 SSE2, Zen 4, 2 threads, min of 6 alternating rounds): forward 0.79 -> 0.71
+/// ms, full backward 1.88 -> 1.82.
+impl TruncateLanes<8> for f32x8 {
+    #[inline(always)]
+    fn truncate(self) -> [i32; 8] {
+        self.fast_trunc_int().to_array()
+    }
+}
+
+/// `wide` has no `f64` to `i32` lane conversion.
+impl TruncateLanes<4> for f64x4 {
+    #[inline(always)]
+    fn truncate(self) -> [i32; 4] {
+        self.to_array().map(|v| v as i32)
+    }
+}
+
 macro_rules! wide_lanes {
     ($v:ty, $t:ty, $n:literal, $transpose:expr) => {
         impl Lanes<$t, Portable> for $v {
@@ -124,8 +149,10 @@ macro_rules! wide_lanes {
             #[inline(always)]
             fn store_i32(self, dst: &mut [i32]) {
                 assert!(dst.len() <= $n);
-                for (d, v) in dst.iter_mut().zip(self.to_array()) {
-                    *d = v as i32;
+                let ints = TruncateLanes::truncate(self);
+                // Element by element: a copy of variable length is a `memmove` call.
+                for (d, v) in dst.iter_mut().zip(ints) {
+                    *d = v;
                 }
             }
             const GEMM_ROWS: usize = 6;
