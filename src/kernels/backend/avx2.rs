@@ -63,8 +63,8 @@ impl Backend for Avx2 {
     /// `f32` 101-120 / 89-96. So the `f64` kernel, its packing and tiles run at the `f32` rate per
     /// lane here. The Intel loss was the column gradient streaming its 4.7 MB packed `weightᵀ`
     /// from L3 once per 8-column `B` panel (8 bytes per 16 flops in `f64`), beyond a mesh
-    /// L3's bandwidth per core: `A` now goes in 256 KiB row chunks (`gemm::kernel`), 33 -> 49
-    /// GFLOP/s on that product on an Intel Xeon.
+    /// L3's bandwidth per core: `A` now goes in 256 KiB row chunks (`gemm::kernel`'s
+    /// `CHUNK_BYTES`), 33 -> 49 GFLOP/s on that product on an Intel Xeon.
     const OWN_GEMM: bool = true;
     type F32 = F32x8;
     type F64 = F64x4;

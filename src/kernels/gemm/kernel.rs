@@ -149,15 +149,23 @@ enum Start<'a, T> {
     Load,
 }
 
-/// Bytes of `A` (rows of one depth block) that every `B` panel of the block visits before the
-/// next rows start: below L2 on every target, so a tall `A` streams from L3 once per block
-/// instead of once per `B` panel. Measured on an Intel Xeon with AVX-512 (`cpu family 6`,
-/// 2 MB L2 per core, mesh L3): the column gradient `weightᵀ · grad_out` of W4 (4.7 MB of
-/// packed `f64` `A`), `gemm_shapes_timing`, 1 thread: AVX-512 `f64` 70 -> 84-85 GFLOP/s,
-/// AVX2 `f64` 33 -> 49, `f32` 159 -> 165 and 103 -> 110; `isa_probe`, 2 threads, min of 3
-/// alternating rounds: `f64` full backward AVX-512 W4 217 -> 204 ms, W2 83.3 -> 79.7, AVX2
-/// W4 340 -> 303, W2 127 -> 117; `f32` level. (On AMD Zen 5 such blocking measured level.)
-const A_CHUNK_BYTES: usize = 256 << 10;
+/// Bytes of the operand that the inner two loops of [`update`] sweep repeatedly: below L2 on
+/// every target.
+///
+/// Where `C` is only written (the forward, the column gradient), each `B` panel meets every
+/// `A` micro-panel of a chunk of `A` rows before the next panel starts: a tall `A` (W4's
+/// column gradient in the channel-major path, 4.7 MB of packed `f64`) then streams from L3
+/// once per depth block instead of once per `B` panel. Where `C` accumulates (the weight
+/// gradient's partials, read and written per tile), each `A` micro-panel meets every `B`
+/// panel of a chunk of `B` columns, so `C` is walked row after row. Measured on an Intel Xeon
+/// with AVX-512 (`cpu family 6`, 2 MB L2 per core), against one order (B panel outer, every
+/// row of `A` inner) for all: `gemm_shapes_timing`, 1 thread, the column gradient AVX-512
+/// `f64` 70 -> 84-85 GFLOP/s, AVX2 `f64` 33 -> 49; `isa_probe`, 2 threads, full backward,
+/// min of 3-4 alternating rounds: `f32` AVX-512 W2 38.1 -> 35.6 ms, W4 87.7 -> 82.6, AVX2 W2
+/// 59.1 -> 55.7, W4 133 -> 122; `f64` AVX-512 W2 83.3 -> 78.1, W4 217 -> 196, AVX2 W4 340 ->
+/// 303; forwards level. The second order for every product lost the forward (W4 `f32`
+/// 37.2 -> 43.7 ms).
+const CHUNK_BYTES: usize = 256 << 10;
 
 /// `C (+)= A[.., r0 .. r0 + kc] · B[r0 .. r0 + kc, ..]` for one packed depth block `bp` of
 /// `B` (`ceil(len / NR)` panels of `kc x NR`).
@@ -174,47 +182,82 @@ unsafe fn update<B: Backend, T: Element + Float>(
     out: &Out<'_, T>,
 ) {
     let (mr, nr) = block_shape::<T, B>();
-    let n = <T::V<B> as Lanes<T, B>>::N;
-    let (rows, depth, len) = (a.rows, a.depth, out.len);
+    let (rows, len) = (a.rows, out.len);
     debug_assert_eq!(bp.len(), len.div_ceil(nr) * kc * nr);
     let micro_panels = rows.div_ceil(mr);
-    let chunk = (A_CHUNK_BYTES / (kc * mr * size_of::<T>())).max(1);
-    for chunk_start in (0..micro_panels).step_by(chunk) {
-        for (jp, panel) in bp.chunks_exact(kc * nr).enumerate() {
-            let q0 = jp * nr;
-            let width = nr.min(len - q0);
-            for p in chunk_start..micro_panels.min(chunk_start + chunk) {
-                let live = mr.min(rows - p * mr);
-                let ap = &a.data[(p * depth + r0) * mr..][..kc * mr];
-                let start = match (r0, out.init) {
-                    (0, Init::Bias(bias)) => Start::Bias(&bias[p * mr..][..live]),
-                    (0, Init::Zero) => Start::Zero,
-                    _ => Start::Load,
-                };
-                let c = Tile {
-                    // SAFETY: row p * MR and column q0 < len lie in the caller's region.
-                    c: unsafe { out.c.add(p * mr * out.ldc + q0) },
-                    ldc: out.ldc,
-                    live,
-                    width,
-                };
-                // SAFETY: rows p*MR .. + live < rows and columns q0 .. + width <= len lie in the
-                // caller's region; `ap` holds kc x MR and `panel` kc x NR values.
-                unsafe {
-                    match (mr, width.div_ceil(n)) {
-                        (8, 3) => block::<B, T, 8, 3>(be, kc, ap, panel, c, start),
-                        (8, 2) => block::<B, T, 8, 2>(be, kc, ap, panel, c, start),
-                        (8, _) => block::<B, T, 8, 1>(be, kc, ap, panel, c, start),
-                        (6, 2) => block::<B, T, 6, 2>(be, kc, ap, panel, c, start),
-                        (6, _) => block::<B, T, 6, 1>(be, kc, ap, panel, c, start),
-                        (4, 4) => block::<B, T, 4, 4>(be, kc, ap, panel, c, start),
-                        (4, 3) => block::<B, T, 4, 3>(be, kc, ap, panel, c, start),
-                        (4, 2) => block::<B, T, 4, 2>(be, kc, ap, panel, c, start),
-                        (4, _) => block::<B, T, 4, 1>(be, kc, ap, panel, c, start),
-                        _ => unreachable!("no register kernel for {mr} rows"),
-                    }
+    let panels = len.div_ceil(nr);
+    if matches!(out.init, Init::Accumulate) {
+        let chunk = (CHUNK_BYTES / (kc * nr * size_of::<T>())).max(1);
+        for first in (0..panels).step_by(chunk) {
+            for p in 0..micro_panels {
+                for jp in first..panels.min(first + chunk) {
+                    // SAFETY: p < micro_panels, jp < panels; the caller's contract.
+                    unsafe { register_block(be, a, r0, kc, bp, out, (p, jp)) };
                 }
             }
+        }
+    } else {
+        let chunk = (CHUNK_BYTES / (kc * mr * size_of::<T>())).max(1);
+        for first in (0..micro_panels).step_by(chunk) {
+            for jp in 0..panels {
+                for p in first..micro_panels.min(first + chunk) {
+                    // SAFETY: p < micro_panels, jp < panels; the caller's contract.
+                    unsafe { register_block(be, a, r0, kc, bp, out, (p, jp)) };
+                }
+            }
+        }
+    }
+}
+
+/// The register block `(p, jp)`: micro-panel `p` of `A` and panel `jp` of `B`, in one depth
+/// block.
+///
+/// # Safety
+/// `p < ceil(rows / MR)`, `jp < ceil(len / NR)`; `out` as in [`Product`].
+#[inline(always)]
+unsafe fn register_block<B: Backend, T: Element + Float>(
+    be: B,
+    a: &PackedA<T>,
+    r0: usize,
+    kc: usize,
+    bp: &[T],
+    out: &Out<'_, T>,
+    (p, jp): (usize, usize),
+) {
+    let (mr, nr) = block_shape::<T, B>();
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let (rows, depth, len) = (a.rows, a.depth, out.len);
+    let panel = &bp[jp * kc * nr..][..kc * nr];
+    let q0 = jp * nr;
+    let width = nr.min(len - q0);
+    let live = mr.min(rows - p * mr);
+    let ap = &a.data[(p * depth + r0) * mr..][..kc * mr];
+    let start = match (r0, out.init) {
+        (0, Init::Bias(bias)) => Start::Bias(&bias[p * mr..][..live]),
+        (0, Init::Zero) => Start::Zero,
+        _ => Start::Load,
+    };
+    let c = Tile {
+        // SAFETY: row p * MR and column q0 < len lie in the caller's region.
+        c: unsafe { out.c.add(p * mr * out.ldc + q0) },
+        ldc: out.ldc,
+        live,
+        width,
+    };
+    // SAFETY: rows p*MR .. + live < rows and columns q0 .. + width <= len lie in the
+    // caller's region; `ap` holds kc x MR and `panel` kc x NR values.
+    unsafe {
+        match (mr, width.div_ceil(n)) {
+            (8, 3) => block::<B, T, 8, 3>(be, kc, ap, panel, c, start),
+            (8, 2) => block::<B, T, 8, 2>(be, kc, ap, panel, c, start),
+            (8, _) => block::<B, T, 8, 1>(be, kc, ap, panel, c, start),
+            (6, 2) => block::<B, T, 6, 2>(be, kc, ap, panel, c, start),
+            (6, _) => block::<B, T, 6, 1>(be, kc, ap, panel, c, start),
+            (4, 4) => block::<B, T, 4, 4>(be, kc, ap, panel, c, start),
+            (4, 3) => block::<B, T, 4, 3>(be, kc, ap, panel, c, start),
+            (4, 2) => block::<B, T, 4, 2>(be, kc, ap, panel, c, start),
+            (4, _) => block::<B, T, 4, 1>(be, kc, ap, panel, c, start),
+            _ => unreachable!("no register kernel for {mr} rows"),
         }
     }
 }

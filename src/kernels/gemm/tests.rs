@@ -41,11 +41,11 @@ fn values<T: Float>(n: usize, seed: usize) -> Vec<T> {
 }
 
 /// `(rows, depth, len)`: one and several register blocks and depth blocks, ragged edges,
-/// depth 0, and an `A` taller than one row chunk (`A_CHUNK_BYTES`) of a full depth block on
-/// every backend (300 rows of 256: 128 to 256 rows a chunk).
+/// depth 0, and operands over one chunk (`CHUNK_BYTES`) in a full depth block on every
+/// backend: 300 rows of `A` (128 to 256 rows a chunk) and 300 columns of `B` (120 to 256).
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
-    (300, 300, 50),
+    (300, 300, 300),
     (8, 256, 48),
     (13, 300, 50),
     (3, 517, 17),
