@@ -244,7 +244,6 @@ pub fn deform_conv2d_backward<T: Float>(
 
 /// [`crate::deform_conv2d_grad_input`] on NHWC tensors; `input_shape = [N, H, W, C_in]`,
 /// returns `[N, H, W, C_in]`.
-#[allow(clippy::too_many_arguments)]
 pub fn deform_conv2d_grad_input<T: Float>(
     grad_out: ArrayView4<'_, T>,
     offset: ArrayView4<'_, T>,
