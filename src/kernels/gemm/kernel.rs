@@ -65,8 +65,14 @@ impl<T: Float> WithBackend for Product<'_, T> {
                     &p.data[r0 * panels * nr..][..size]
                 }
             };
+            let depth_block = DepthBlock {
+                a,
+                r0,
+                kc,
+                b: block,
+            };
             // SAFETY: the fields' contract; `block` is the packed depth block r0 .. r0 + kc.
-            unsafe { update(be, a, r0, kc, block, &out) };
+            unsafe { update(be, depth_block, &out) };
         }
     }
 }
@@ -167,23 +173,25 @@ enum Start<'a, T> {
 /// 37.2 -> 43.7 ms).
 const CHUNK_BYTES: usize = 256 << 10;
 
-/// `C (+)= A[.., r0 .. r0 + kc] · B[r0 .. r0 + kc, ..]` for one packed depth block `bp` of
-/// `B` (`ceil(len / NR)` panels of `kc x NR`).
+/// One depth block of a product: rows `r0 .. r0 + kc` of `B`, packed as `ceil(len / NR)`
+/// panels of `kc x NR`, and the matching columns of the packed `A`.
+#[derive(Clone, Copy)]
+struct DepthBlock<'d, T: Float> {
+    a: &'d PackedA<T>,
+    r0: usize,
+    kc: usize,
+    b: &'d [T],
+}
+
+/// `C (+)= A[.., r0 .. r0 + kc] · B[r0 .. r0 + kc, ..]` for one depth block.
 ///
 /// # Safety
 /// `out` as in [`Product`].
 #[inline(always)]
-unsafe fn update<B: Backend, T: Element + Float>(
-    be: B,
-    a: &PackedA<T>,
-    r0: usize,
-    kc: usize,
-    bp: &[T],
-    out: &Out<'_, T>,
-) {
+unsafe fn update<B: Backend, T: Element + Float>(be: B, d: DepthBlock<'_, T>, out: &Out<'_, T>) {
     let (mr, nr) = block_shape::<T, B>();
-    let (rows, len) = (a.rows, out.len);
-    debug_assert_eq!(bp.len(), len.div_ceil(nr) * kc * nr);
+    let (rows, len, kc) = (d.a.rows, out.len, d.kc);
+    debug_assert_eq!(d.b.len(), len.div_ceil(nr) * kc * nr);
     let micro_panels = rows.div_ceil(mr);
     let panels = len.div_ceil(nr);
     if matches!(out.init, Init::Accumulate) {
@@ -192,7 +200,7 @@ unsafe fn update<B: Backend, T: Element + Float>(
             for p in 0..micro_panels {
                 for jp in first..panels.min(first + chunk) {
                     // SAFETY: p < micro_panels, jp < panels; the caller's contract.
-                    unsafe { register_block(be, a, r0, kc, bp, out, (p, jp)) };
+                    unsafe { register_block(be, d, out, (p, jp)) };
                 }
             }
         }
@@ -202,7 +210,7 @@ unsafe fn update<B: Backend, T: Element + Float>(
             for jp in 0..panels {
                 for p in first..micro_panels.min(first + chunk) {
                     // SAFETY: p < micro_panels, jp < panels; the caller's contract.
-                    unsafe { register_block(be, a, r0, kc, bp, out, (p, jp)) };
+                    unsafe { register_block(be, d, out, (p, jp)) };
                 }
             }
         }
@@ -217,17 +225,15 @@ unsafe fn update<B: Backend, T: Element + Float>(
 #[inline(always)]
 unsafe fn register_block<B: Backend, T: Element + Float>(
     be: B,
-    a: &PackedA<T>,
-    r0: usize,
-    kc: usize,
-    bp: &[T],
+    d: DepthBlock<'_, T>,
     out: &Out<'_, T>,
     (p, jp): (usize, usize),
 ) {
     let (mr, nr) = block_shape::<T, B>();
     let n = <T::V<B> as Lanes<T, B>>::N;
+    let DepthBlock { a, r0, kc, b } = d;
     let (rows, depth, len) = (a.rows, a.depth, out.len);
-    let panel = &bp[jp * kc * nr..][..kc * nr];
+    let panel = &b[jp * kc * nr..][..kc * nr];
     let q0 = jp * nr;
     let width = nr.min(len - q0);
     let live = mr.min(rows - p * mr);
