@@ -242,7 +242,45 @@ def deform_conv2d(
     autograd. Same arguments, same results within float rounding; groups and offset groups are
     inferred from the shapes as torchvision does. ``convention``: ``"torchvision"``,
     ``"mmcv"`` or ``"dcn_v1"``. Bad shapes raise ``ValueError`` with the crate's message."""
-    for name, t in (("input", input), ("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
+    geometry = _args.params(stride, padding, dilation, 1, 1, convention)
+    return _call(input, offset, weight, mask, bias, geometry)
+
+
+def _call(input, offset, weight, mask, bias, geometry) -> Tensor:
+    """`deform_conv2d` with its parameters already normalised (`_args.params`; its groups and
+    offset groups are replaced by those the shapes imply)."""
+    tensors = (input, offset, weight, mask, bias)
+    if not _eager(tensors):
+        _check_operands(tensors)
+        return _deform_conv2d_op(*_op_args(tensors, geometry))
+    # The eager path checks the operands only when the call fails: the native call's own
+    # checks catch every mistake, and `_check_operands` then words the commonest ones (device,
+    # dtype, rank) in the crate's style. It saves about 4 us a call (W1: 0.1-0.2%).
+    try:
+        return _EagerDeformConv2d.apply(*_op_args(tensors, geometry))
+    except Exception:
+        _check_operands(tensors)
+        raise
+
+
+def _op_args(tensors, geometry) -> tuple:
+    """The custom op's arguments: groups and offset groups inferred as torchvision does."""
+    input, offset, weight, mask, bias = tensors
+    groups = input.shape[1] // weight.shape[1] if weight.shape[1] else 1
+    taps = 2 * weight.shape[2] * weight.shape[3]
+    offset_groups = offset.shape[1] // taps if taps else 1
+    params = [*geometry[:8], max(groups, 1), max(offset_groups, 1)]
+    return (input, offset, weight, mask, bias, params, geometry[10])
+
+
+_NAMES = ("input", "offset", "weight", "mask", "bias")
+
+
+def _check_operands(tensors) -> None:
+    """Raises for an operand on another device, of an unsupported or mixed dtype, or of the wrong
+    rank (the crate checks the rest)."""
+    input = tensors[0]
+    for name, t in zip(_NAMES, tensors):
         if t is None:
             continue
         if t.device.type != "cpu":
@@ -255,14 +293,6 @@ def deform_conv2d(
             raise ValueError(
                 f"{name} has {t.dim()} dimensions (shape {tuple(t.shape)}); expected {want}: {_args.AXES[name]}"
             )
-    groups = input.shape[1] // weight.shape[1] if weight.shape[1] else 1
-    taps = 2 * weight.shape[2] * weight.shape[3]
-    offset_groups = offset.shape[1] // taps if taps else 1
-    p = _args.params(stride, padding, dilation, max(groups, 1), max(offset_groups, 1), convention)
-    args = (input, offset, weight, mask, bias, list(p[:10]), p[10])
-    if _eager(args[:5]):
-        return _EagerDeformConv2d.apply(*args)
-    return _deform_conv2d_op(*args)
 
 
 class DeformConv2d(nn.Module):

@@ -275,6 +275,17 @@ def test_torch_errors_carry_the_crates_message():
         dct.deform_conv2d(x, torch.zeros(2, 18, 4, 4), w, mask=torch.zeros(2, 9, 4))
     with pytest.raises(ValueError, match="stride"):
         dct.deform_conv2d(x, torch.zeros(2, 18, 4, 4), w, stride=0)
+    # The eager path words these only after the native call fails: the same messages, with
+    # operands that require gradients too.
+    off18 = torch.zeros(2, 18, 4, 4)
+    with pytest.raises(ValueError, match="weight is on meta; deformconv computes on the CPU"):
+        dct.deform_conv2d(x, off18, w.to("meta"))
+    with pytest.raises(TypeError, match="input has dtype torch.float16"):
+        dct.deform_conv2d(x.half(), off18.half(), w.half())
+    with pytest.raises(ValueError, match=re.escape("weight has 3 dimensions (shape (3, 4, 3))")):
+        dct.deform_conv2d(x.requires_grad_(), off18, torch.zeros(3, 4, 3, requires_grad=True))
+    with pytest.raises(TypeError, match="bias has dtype torch.float64; expected torch.float32"):
+        dct.deform_conv2d(x, off18, w, torch.zeros(3, dtype=torch.float64, requires_grad=True))
     with dct.use_for_torchvision():
         with pytest.raises(ValueError, match=re.escape("mask has 5 channels; expected")):
             torchvision.ops.deform_conv2d(x, torch.zeros(2, 18, 4, 4), w, mask=torch.zeros(2, 5, 4, 4))
