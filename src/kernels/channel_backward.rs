@@ -259,110 +259,138 @@ fn pass<
         }};
     }
 
-    for q in 0..tile {
+    // The channel sums of the current `N` pixels' samples, `sums[(s * K + k) * N + p]` for
+    // sum `s` (dy, dx, mask), tap `k` and pixel `q0 + p`, reduced `N` samples at a time by
+    // [`add_lane_sums`]. Entries past the current pixels hold earlier values; their lanes are
+    // never stored.
+    let mut sums = vec![zero; if OFFSET || MASK { 3 * k_taps * n } else { 0 }];
+    for q0 in (0..tile).step_by(n) {
+        let pixels = n.min(tile - q0);
+        for p in 0..pixels {
+            let q = q0 + p;
+            for k in 0..k_taps {
+                let e = k * tile + q;
+                // This sample's row of `gcol` and `cols`.
+                let row = (q * k_taps + k) * count;
+                let m = V::<B, T>::splat(b, table.m[e]);
+                // Loops, not `std::array::from_fn`: a closure left out of line loses the backend's
+                // features (see `load!`).
+                let mut w = [zero; 4];
+                for (j, wj) in w.iter_mut().enumerate() {
+                    *wj = V::<B, T>::splat(b, table.weights[j][e]);
+                }
+                let (ly, lx) = (
+                    V::<B, T>::splat(b, table.ly[e]),
+                    V::<B, T>::splat(b, table.lx[e]),
+                );
+                let inside = table.inside[e] != 0;
+                let gather = table.gather[e] as usize * cpc + channels.start;
+                let scatter = table.scatter[e] as usize * cpc + channels.start;
+                debug_assert!(table.gather[e] as usize <= table.max_base);
+                debug_assert!(table.scatter[e] as usize <= table.max_scatter);
+                let (mut sy, mut sx, mut sm) = (zero, zero, zero);
+                for o in (0..count).step_by(n) {
+                    let lanes = n.min(count - o);
+                    // Rows `row .. row + count` of gcol and cols lie in them (asserted). Lanes past
+                    // the segment read and write nothing and hold zeros, also in `m`, `ly` and
+                    // `lx`, so that they add exactly zero to the sums below even where those are
+                    // infinite or NaN.
+                    let (m, ly, lx) = if lanes == n {
+                        (m, ly, lx)
+                    } else {
+                        // Macro, not closure: a closure left out of line loses the backend's
+                        // features.
+                        macro_rules! live {
+                            ($x:expr) => {
+                                V::<B, T>::load_partial(b, &[$x; 16][..lanes])
+                            };
+                        }
+                        (live!(table.m[e]), live!(table.ly[e]), live!(table.lx[e]))
+                    };
+                    let g = if need_g {
+                        load!(gcol, row + o, lanes)
+                    } else {
+                        zero
+                    };
+                    let gm = g.mul(m);
+                    if need_in {
+                        // The entry's gather base is at most max_base, so its corner cells end
+                        // inside `input` (asserted above), and channels.end <= cpc.
+                        let mut v = [zero; 4];
+                        for (j, vj) in v.iter_mut().enumerate() {
+                            *vj = load!(input, gather + corner[j] + o, lanes);
+                        }
+                        let bil = bilinear::<B, T>(&w, &v);
+                        let bil = if inside { bil } else { zero };
+                        if COLS {
+                            store!(m.mul(bil), cols, row + o, lanes);
+                        }
+                        if OFFSET {
+                            let (wy, wx) = corner_derivatives::<B, T>(&v, ly, lx, one);
+                            sy = sy.add(gm.mul(wy));
+                            sx = sx.add(gm.mul(wx));
+                        }
+                        if MASK {
+                            sm = sm.add(g.mul(bil));
+                        }
+                    }
+                    if SCATTER {
+                        // As for the gather, with max_scatter and `grad`; this task owns the
+                        // planes. Neighbouring samples update the same cells soon after each
+                        // other, so the next load is forwarded from this store.
+                        for (j, &d) in corner.iter().enumerate() {
+                            let at = scatter + d + o;
+                            let new = load!(grad, at, lanes).add(gm.mul(w[j]));
+                            store!(new, grad, at, lanes);
+                        }
+                    }
+                }
+                if OFFSET {
+                    sums[k * n + p] = sy;
+                    sums[(k_taps + k) * n + p] = sx;
+                }
+                if MASK {
+                    sums[(2 * k_taps + k) * n + p] = sm;
+                }
+            }
+        }
         for k in 0..k_taps {
-            let e = k * tile + q;
-            // This sample's row of `gcol` and `cols`.
-            let row = (q * k_taps + k) * count;
-            let m = V::<B, T>::splat(b, table.m[e]);
-            // Loops, not `std::array::from_fn`: a closure left out of line loses the backend's
-            // features (see `load!`).
-            let mut w = [zero; 4];
-            for (j, wj) in w.iter_mut().enumerate() {
-                *wj = V::<B, T>::splat(b, table.weights[j][e]);
-            }
-            let (ly, lx) = (
-                V::<B, T>::splat(b, table.ly[e]),
-                V::<B, T>::splat(b, table.lx[e]),
-            );
-            let inside = table.inside[e] != 0;
-            let gather = table.gather[e] as usize * cpc + channels.start;
-            let scatter = table.scatter[e] as usize * cpc + channels.start;
-            debug_assert!(table.gather[e] as usize <= table.max_base);
-            debug_assert!(table.scatter[e] as usize <= table.max_scatter);
-            let (mut sy, mut sx, mut sm) = (zero, zero, zero);
-            for o in (0..count).step_by(n) {
-                let lanes = n.min(count - o);
-                // Rows `row .. row + count` of gcol and cols lie in them (asserted). Lanes past
-                // the segment read and write nothing and hold zeros, also in `m`, `ly` and
-                // `lx`, so that they add exactly zero to the sums below even where those are
-                // infinite or NaN.
-                let (m, ly, lx) = if lanes == n {
-                    (m, ly, lx)
-                } else {
-                    // Macro, not closure: a closure left out of line loses the backend's
-                    // features.
-                    macro_rules! live {
-                        ($x:expr) => {
-                            V::<B, T>::load_partial(b, &[$x; 16][..lanes])
-                        };
-                    }
-                    (live!(table.m[e]), live!(table.ly[e]), live!(table.lx[e]))
-                };
-                let g = if need_g {
-                    load!(gcol, row + o, lanes)
-                } else {
-                    zero
-                };
-                let gm = g.mul(m);
-                if need_in {
-                    // The entry's gather base is at most max_base, so its corner cells end
-                    // inside `input` (asserted above), and channels.end <= cpc.
-                    let mut v = [zero; 4];
-                    for (j, vj) in v.iter_mut().enumerate() {
-                        *vj = load!(input, gather + corner[j] + o, lanes);
-                    }
-                    let bil = bilinear::<B, T>(&w, &v);
-                    let bil = if inside { bil } else { zero };
-                    if COLS {
-                        store!(m.mul(bil), cols, row + o, lanes);
-                    }
-                    if OFFSET {
-                        let (wy, wx) = corner_derivatives::<B, T>(&v, ly, lx, one);
-                        sy = sy.add(gm.mul(wy));
-                        sx = sx.add(gm.mul(wx));
-                    }
-                    if MASK {
-                        sm = sm.add(g.mul(bil));
-                    }
-                }
-                if SCATTER {
-                    // As for the gather, with max_scatter and `grad`; this task owns the
-                    // planes. Neighbouring samples update the same cells soon after each
-                    // other, so the next load is forwarded from this store.
-                    for (j, &d) in corner.iter().enumerate() {
-                        let at = scatter + d + o;
-                        let new = load!(grad, at, lanes).add(gm.mul(w[j]));
-                        store!(new, grad, at, lanes);
-                    }
-                }
-            }
+            let e = k * tile + q0..k * tile + q0 + pixels;
             if OFFSET {
-                dy[e] += lane_sum::<B, T>(sy);
-                dx[e] += lane_sum::<B, T>(sx);
+                add_lane_sums::<B, T>(b, &mut sums[k * n..][..n], &mut dy[e.clone()]);
+                add_lane_sums::<B, T>(b, &mut sums[(k_taps + k) * n..][..n], &mut dx[e.clone()]);
             }
             if MASK {
-                mask[e] += lane_sum::<B, T>(sm);
+                add_lane_sums::<B, T>(b, &mut sums[(2 * k_taps + k) * n..][..n], &mut mask[e]);
             }
         }
     }
 }
 
-/// The sum of `v`'s lanes by the halving tree `(i, i + N/2)`, ..., `(i, i + 1)` (the order
-/// of AVX-512's `reduce_add`).
+/// Adds to `dst[p]` the sum of the lanes of `sums[p]` (`p < dst.len() <= N`), each by the
+/// halving tree `(i, i + N/2)`, ..., `(i, i + 1)` (the order of AVX-512's `reduce_add`):
+/// after a transpose, lane `p` of `sums[i] + sums[i + N/2]` is the first step of sample
+/// `p`'s tree, so `N` samples take one transpose and `N - 1` vector adds instead of `N`
+/// horizontal reductions. Overwrites `sums`.
 #[inline(always)]
-fn lane_sum<B: Backend, T: Float>(v: T::V<B>) -> T {
+fn add_lane_sums<B: Backend, T: Float>(b: B, sums: &mut [T::V<B>], dst: &mut [T]) {
     let n = <T::V<B> as Lanes<T, B>>::N;
-    let mut a = [T::ZERO; 16];
-    v.store(&mut a[..n]);
+    assert!(sums.len() == n && dst.len() <= n);
+    T::V::<B>::transpose(b, sums);
     let mut half = n / 2;
     while half > 0 {
         for i in 0..half {
-            a[i] += a[i + half];
+            sums[i] = sums[i].add(sums[i + half]);
         }
         half /= 2;
     }
-    a[0]
+    if dst.len() == n {
+        T::V::<B>::load(b, dst).add(sums[0]).store(dst);
+    } else {
+        T::V::<B>::load_partial(b, dst)
+            .add(sums[0])
+            .store_partial(dst);
+    }
 }
 
 /// `((w0 v0 + w1 v1) + w2 v2) + w3 v3`: the bilinear value of corners `v` (order `(y0,x0),
@@ -417,6 +445,64 @@ mod tests {
             // and 1.
             for seg in [3..27, 3..37, 3..11, 5..10, 36..37] {
                 fused_pass_case(b, seg);
+            }
+        }
+        on(Some(Scalar::new()), Isa::Scalar);
+        on(Some(Portable::new()), Isa::Portable);
+        #[cfg(target_arch = "x86_64")]
+        {
+            on(crate::kernels::backend::Avx2::new(), Isa::Avx2);
+            on(crate::kernels::backend::Avx512::new(), Isa::Avx512);
+        }
+    }
+
+    /// [`add_lane_sums`] adds to each `dst[p]` the sum of `sums[p]`'s lanes by the halving
+    /// tree, bit for bit (the lanes span 2^±40, so another order rounds differently), for every
+    /// count of pixels, on every backend, in `f32` and `f64`; `dst` past the pixels is untouched.
+    #[test]
+    fn lane_sums_follow_each_samples_halving_tree() {
+        use crate::kernels::backend::tests::token;
+        use crate::kernels::backend::{Isa, Portable, Scalar};
+        fn case<B: Backend, T: Float>(b: B) {
+            let n = <T::V<B> as Lanes<T, B>>::N;
+            let mut next = crate::kernels::test_stream(99);
+            let mut value = || {
+                let scale = 2f64.powi((next() * 80.0) as i32 - 40);
+                T::from_f64((next() as f64 - 0.5) * scale)
+            };
+            for pixels in 1..=n {
+                let lanes: Vec<Vec<T>> =
+                    (0..n).map(|_| (0..n).map(|_| value()).collect()).collect();
+                let start: Vec<T> = (0..n).map(|_| value()).collect();
+                let mut sums: Vec<T::V<B>> = lanes.iter().map(|l| T::V::<B>::load(b, l)).collect();
+                let mut dst = start.clone();
+                add_lane_sums::<B, T>(b, &mut sums, &mut dst[..pixels]);
+                for p in 0..n {
+                    let mut a = lanes[p].clone();
+                    let mut half = n / 2;
+                    while half > 0 {
+                        for i in 0..half {
+                            a[i] = a[i] + a[i + half];
+                        }
+                        half /= 2;
+                    }
+                    let want = if p < pixels {
+                        start[p] + a[0]
+                    } else {
+                        start[p]
+                    };
+                    assert!(
+                        dst[p].to_f64().to_bits() == want.to_f64().to_bits(),
+                        "{} pixels {pixels} lane {p}",
+                        B::ISA.name()
+                    );
+                }
+            }
+        }
+        fn on<B: Backend>(b: Option<B>, isa: Isa) {
+            if let Some(b) = token(b, isa) {
+                case::<B, f32>(b);
+                case::<B, f64>(b);
             }
         }
         on(Some(Scalar::new()), Isa::Scalar);
