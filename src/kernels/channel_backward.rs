@@ -273,8 +273,8 @@ fn pass<
                 // This sample's row of `gcol` and `cols`.
                 let row = (q * k_taps + k) * count;
                 let m = V::<B, T>::splat(b, table.m[e]);
-                // Loops, not `std::array::from_fn`: a closure left out of line loses the backend's
-                // features (see `load!`).
+                // Loops, not `std::array::from_fn`: a closure left out of line loses the
+                // backend's features (see `load!`).
                 let mut w = [zero; 4];
                 for (j, wj) in w.iter_mut().enumerate() {
                     *wj = V::<B, T>::splat(b, table.weights[j][e]);
@@ -289,61 +289,73 @@ fn pass<
                 debug_assert!(table.gather[e] as usize <= table.max_base);
                 debug_assert!(table.scatter[e] as usize <= table.max_scatter);
                 let (mut sy, mut sx, mut sm) = (zero, zero, zero);
-                for o in (0..count).step_by(n) {
-                    let lanes = n.min(count - o);
-                    // Rows `row .. row + count` of gcol and cols lie in them (asserted). Lanes past
-                    // the segment read and write nothing and hold zeros, also in `m`, `ly` and
-                    // `lx`, so that they add exactly zero to the sums below even where those are
-                    // infinite or NaN.
-                    let (m, ly, lx) = if lanes == n {
-                        (m, ly, lx)
-                    } else {
-                        // Macro, not closure: a closure left out of line loses the backend's
-                        // features.
-                        macro_rules! live {
-                            ($x:expr) => {
-                                V::<B, T>::load_partial(b, &[$x; 16][..lanes])
-                            };
+                // One channel block `o .. o + lanes`. A macro, not a closure (which, left out of
+                // line, loses the backend's features), so that the whole blocks below are
+                // compiled with `lanes == N` known: plain loads and stores, no lane masks.
+                macro_rules! block {
+                    ($o:expr, $lanes:expr) => {{
+                        let (o, lanes) = ($o, $lanes);
+                        // Rows `row .. row + count` of gcol and cols lie in them (asserted).
+                        // Lanes past the segment read and write nothing and hold zeros, also in
+                        // `m`, `ly` and `lx`, so that they add exactly zero to the sums below
+                        // even where those are infinite or NaN.
+                        let (m, ly, lx) = if lanes == n {
+                            (m, ly, lx)
+                        } else {
+                            // Macro, not closure: a closure left out of line loses the backend's
+                            // features.
+                            macro_rules! live {
+                                ($x:expr) => {
+                                    V::<B, T>::load_partial(b, &[$x; 16][..lanes])
+                                };
+                            }
+                            (live!(table.m[e]), live!(table.ly[e]), live!(table.lx[e]))
+                        };
+                        let g = if need_g {
+                            load!(gcol, row + o, lanes)
+                        } else {
+                            zero
+                        };
+                        let gm = g.mul(m);
+                        if need_in {
+                            // The entry's gather base is at most max_base, so its corner cells end
+                            // inside `input` (asserted above), and channels.end <= cpc.
+                            let mut v = [zero; 4];
+                            for (j, vj) in v.iter_mut().enumerate() {
+                                *vj = load!(input, gather + corner[j] + o, lanes);
+                            }
+                            let bil = bilinear::<B, T>(&w, &v);
+                            let bil = if inside { bil } else { zero };
+                            if COLS {
+                                store!(m.mul(bil), cols, row + o, lanes);
+                            }
+                            if OFFSET {
+                                let (wy, wx) = corner_derivatives::<B, T>(&v, ly, lx, one);
+                                sy = sy.add(gm.mul(wy));
+                                sx = sx.add(gm.mul(wx));
+                            }
+                            if MASK {
+                                sm = sm.add(g.mul(bil));
+                            }
                         }
-                        (live!(table.m[e]), live!(table.ly[e]), live!(table.lx[e]))
-                    };
-                    let g = if need_g {
-                        load!(gcol, row + o, lanes)
-                    } else {
-                        zero
-                    };
-                    let gm = g.mul(m);
-                    if need_in {
-                        // The entry's gather base is at most max_base, so its corner cells end
-                        // inside `input` (asserted above), and channels.end <= cpc.
-                        let mut v = [zero; 4];
-                        for (j, vj) in v.iter_mut().enumerate() {
-                            *vj = load!(input, gather + corner[j] + o, lanes);
+                        if SCATTER {
+                            // As for the gather, with max_scatter and `grad`; this task owns the
+                            // planes. Neighbouring samples update the same cells soon after each
+                            // other, so the next load is forwarded from this store.
+                            for (j, &d) in corner.iter().enumerate() {
+                                let at = scatter + d + o;
+                                let new = load!(grad, at, lanes).add(gm.mul(w[j]));
+                                store!(new, grad, at, lanes);
+                            }
                         }
-                        let bil = bilinear::<B, T>(&w, &v);
-                        let bil = if inside { bil } else { zero };
-                        if COLS {
-                            store!(m.mul(bil), cols, row + o, lanes);
-                        }
-                        if OFFSET {
-                            let (wy, wx) = corner_derivatives::<B, T>(&v, ly, lx, one);
-                            sy = sy.add(gm.mul(wy));
-                            sx = sx.add(gm.mul(wx));
-                        }
-                        if MASK {
-                            sm = sm.add(g.mul(bil));
-                        }
-                    }
-                    if SCATTER {
-                        // As for the gather, with max_scatter and `grad`; this task owns the
-                        // planes. Neighbouring samples update the same cells soon after each
-                        // other, so the next load is forwarded from this store.
-                        for (j, &d) in corner.iter().enumerate() {
-                            let at = scatter + d + o;
-                            let new = load!(grad, at, lanes).add(gm.mul(w[j]));
-                            store!(new, grad, at, lanes);
-                        }
-                    }
+                    }};
+                }
+                let whole = count / n * n;
+                for o in (0..whole).step_by(n) {
+                    block!(o, n);
+                }
+                if whole < count {
+                    block!(whole, count - whole);
                 }
                 if OFFSET {
                     sums[k * n + p] = sy;
