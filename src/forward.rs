@@ -18,12 +18,11 @@
 //! `kh * kw * len * (5 * size_of::<T>() + 16)` bytes for the deformable gather, the GEMM's
 //! packed block (`256 * len` elements at most) and, for tiles spanning images, an output block
 //! of `C_out/groups * len` elements; once per call, the packed weight (its own size, `f32` on
-//! AVX-512) and, for the channel-vectorised deformable gather, pixel-major copies of the images
-//! being worked on, `(H*W + 1) * C_in` elements each, at most 16 MiB of them at once (images
-//! larger than that take the per-pixel gather, without copies). None of it grows with the
-//! batch size. Views that are not in standard (C-contiguous) layout are first copied
-//! to it, and an `_into` output that is not in standard layout is computed into a temporary
-//! of its size and then assigned.
+//! AVX-512) and, for the deformable gather, pixel-major copies of the images being worked on,
+//! `(H*W + 1) * C_in` elements each, at most 16 MiB of them at once (or one image, if larger).
+//! None of it grows with the batch size. Views that are not in standard (C-contiguous) layout
+//! are first copied to it, and an `_into` output that is not in standard layout is computed
+//! into a temporary of its size and then assigned.
 //!
 //! **Non-finite values** follow the reference: NaN in an offset gives a NaN sample (so NaN
 //! outputs for its channels' outputs); infinite offsets sample outside the image (0); NaN or
@@ -36,8 +35,6 @@ use crate::convention::Convention;
 use crate::error::{Error, Result};
 use crate::float::Float;
 use crate::geometry::{checked_elements, try_zeros, Geometry};
-use crate::kernels::backend::isa;
-use crate::kernels::channel_lanes;
 use crate::kernels::gather::SampleTable;
 use crate::kernels::gemm::{GemmScratch, MatB, MatC, TileGemm};
 use crate::kernels::pixel_major::PixelMajor;
@@ -246,18 +243,14 @@ fn run_in_pool<T: Float>(
     let shared = SharedOut(out_slice.as_mut_ptr());
     let engine = TileGemm::new(weight, geo.groups, rows, depth);
 
-    // The channel-vectorised gather (deformable, where `channel_lanes::replaces_pixel_gather`
-    // says it measured faster) reads
-    // the images pixel-major, copied a bounded chunk of images at a time; tiles are cut at
-    // chunk boundaries, which changes no bits (the gather is per element and the GEMMs' sums
-    // do not depend on the tiling; `chunked_pixel_major_copies_change_no_bits` checks it on
-    // each cap). Other paths run the whole batch as one chunk.
-    let per_chunk = PixelMajor::<T>::images_per_chunk(geo.c_in, geo.h * geo.w);
-    let channel_gather_runs = channel_lanes::replaces_pixel_gather::<T>(isa());
-    let channel_gather_input =
-        Some(src.input).filter(|_| src.offset.is_some() && channel_gather_runs && per_chunk > 0);
+    // The deformable gather reads the images pixel-major, copied a bounded chunk of images at
+    // a time; tiles are cut at chunk boundaries, which changes no bits (the gather is per
+    // element and the GEMMs' sums do not depend on the tiling;
+    // `chunked_pixel_major_copies_change_no_bits` checks it on each cap). The dense im2col
+    // runs the whole batch as one chunk.
+    let channel_gather_input = Some(src.input).filter(|_| src.offset.is_some());
     let chunk_images = if channel_gather_input.is_some() {
-        per_chunk
+        PixelMajor::<T>::images_per_chunk(geo.c_in, geo.h * geo.w)
     } else {
         geo.n
     };
@@ -271,7 +264,7 @@ fn run_in_pool<T: Float>(
                 images_end - first_image,
                 geo.c_in,
                 geo.h * geo.w,
-            );
+            )?;
             Some(&pixel_major)
         } else {
             None
@@ -548,8 +541,8 @@ mod tests {
     use crate::kernels::pixel_major::tests::BUDGET_OVERRIDE;
     use std::sync::atomic::Ordering;
 
-    /// Pixel-major copies made one or two images at a time (tiles cut at the chunk bounds), or
-    /// none, give the bits of the whole batch at once.
+    /// Pixel-major copies made one or two images at a time (tiles cut at the chunk bounds),
+    /// also when one image exceeds the budget, give the bits of the whole batch at once.
     #[test]
     fn chunked_pixel_major_copies_change_no_bits() {
         let (n, c, h, w, og) = (5, 24, 9, 8, 2);
@@ -580,7 +573,7 @@ mod tests {
         };
         let whole = run();
         let image_bytes = (h * w + 1) * c * 4;
-        // One image, two images, and less than one (the per-pixel gather) at a time.
+        // One image, two images, and a budget below one image (one at a time) at a time.
         for budget in [image_bytes, 2 * image_bytes, 1] {
             BUDGET_OVERRIDE.store(budget, Ordering::Relaxed);
             let chunked = run();

@@ -60,8 +60,14 @@ pub(crate) fn take<T: Float + 'static>(len: usize) -> Vec<T> {
 /// An empty `Vec<T>` with room for at least `capacity` elements, from this thread's cache when
 /// one is large enough (the smallest such).
 pub(crate) fn take_empty<T: Float + 'static>(capacity: usize) -> Vec<T> {
+    try_take_empty(capacity).unwrap_or_else(|| Vec::with_capacity(capacity))
+}
+
+/// [`take_empty`], or `None` when the memory cannot be had (for buffers whose size the caller's
+/// data sets, where an allocation failure must be an error, not an abort).
+pub(crate) fn try_take_empty<T: Float + 'static>(capacity: usize) -> Option<Vec<T>> {
     if capacity == 0 {
-        return Vec::new();
+        return Some(Vec::new());
     }
     let cached = POOL.with(|pool| {
         let (bufs, bytes) = &mut *pool.borrow_mut();
@@ -78,9 +84,13 @@ pub(crate) fn take_empty<T: Float + 'static>(capacity: usize) -> Vec<T> {
     match cached {
         Some(mut v) => {
             v.clear();
-            v
+            Some(v)
         }
-        None => Vec::with_capacity(capacity),
+        None => {
+            let mut v = Vec::new();
+            v.try_reserve_exact(capacity).ok()?;
+            Some(v)
+        }
     }
 }
 

@@ -9,13 +9,13 @@
 //! rounds), so it went.
 //!
 //! Arithmetic: `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate multiplies and adds,
-//! the same operations in the same order as [`super::lanes::interpolate`], so the
-//! column tile is bit for bit the one the other gathers make. A corner with no index reads the
+//! the same operations in the same order as [`super::channel_lanes`], so the column tile is
+//! bit for bit the one the generic gather makes. A corner with no index reads the
 //! image's zero pixel, as the scalar code reads 0.
 
 use std::ops::Range;
 
-use super::lanes::TapRow;
+use super::gather::TapRow;
 use super::pixel_major::PixelImage;
 use super::TileRows;
 
@@ -297,7 +297,9 @@ mod tests {
     use crate::geometry::Geometry;
     use crate::kernels::backend::tests::token;
     use crate::kernels::backend::{Backend, Isa, Portable, Scalar};
-    use crate::kernels::gather::{channel_columns_on, gather_columns, SampleTable};
+    use crate::kernels::gather::{
+        channel_columns_on, columns_by_definition, gather_columns, SampleTable,
+    };
     use crate::kernels::pixel_major::PixelMajor;
     use crate::kernels::Source;
     use crate::kernels::{TileRows, TileSpan};
@@ -314,10 +316,10 @@ mod tests {
         &PixelMajor<T>,
     );
 
-    /// `fill`'s column tile equals the per-pixel gather's bit for bit, for channel counts
+    /// `fill`'s column tile equals the definition's bit for bit, for channel counts
     /// around the vector widths, ragged pixel ranges, masks, NaN / infinite / huge offsets and
     /// infinite pixels, in every convention.
-    fn equals_pixel_gather<T: Float>(fill: Fill<'_, T>, name: &str) {
+    fn equals_definition<T: Float>(fill: Fill<'_, T>, name: &str) {
         let mut state = 11u32;
         let mut next = move || {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
@@ -361,7 +363,7 @@ mod tests {
                     .map(|_| next())
                     .collect();
                 let mut images = PixelMajor::default();
-                images.fill(&input, 0, n, c_in, h * w);
+                images.fill(&input, 0, n, c_in, h * w).unwrap();
                 for with_mask in [false, true] {
                     let src = Source {
                         geo: &geo,
@@ -390,7 +392,7 @@ mod tests {
                                 cols: &mut want,
                                 ld,
                             };
-                            gather_columns(&src, &offset, span, out, &mut table, None);
+                            columns_by_definition(&src, &offset, span, out, &mut table, &images);
                             let mut got = vec![nan; rows * ld];
                             let out = TileRows { cols: &mut got, ld };
                             fill(&src, &offset, span, out, &mut table, &images);
@@ -413,11 +415,11 @@ mod tests {
     /// The gather the forward runs (the paired AVX-512 `f32` kernel for at most 8 channels on
     /// AVX-512, the generic one elsewhere), in `f32` and `f64`.
     #[test]
-    fn equals_the_pixel_gather_bit_for_bit() {
+    fn equals_the_definition_bit_for_bit() {
         fn dispatched<T: Float>() {
-            equals_pixel_gather::<T>(
+            equals_definition::<T>(
                 &|src, offset, span, out, table, images| {
-                    gather_columns(src, offset, span, out, table, Some(images))
+                    gather_columns(src, offset, span, out, table, images)
                 },
                 "dispatched",
             );
@@ -433,7 +435,7 @@ mod tests {
             return;
         };
         fn on<B: Backend, T: Float>(b: B, isa: Isa) {
-            equals_pixel_gather::<T>(
+            equals_definition::<T>(
                 &|src, offset, span, out, table, images| {
                     channel_columns_on(b, src, offset, span, out, table, images)
                 },
@@ -445,24 +447,24 @@ mod tests {
     }
 
     #[test]
-    fn generic_equals_the_pixel_gather_on_scalar() {
+    fn generic_equals_the_definition_on_scalar() {
         generic_on(Some(Scalar::new()), Isa::Scalar);
     }
 
     #[test]
-    fn generic_equals_the_pixel_gather_on_portable() {
+    fn generic_equals_the_definition_on_portable() {
         generic_on(Some(Portable::new()), Isa::Portable);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn generic_equals_the_pixel_gather_on_avx2() {
+    fn generic_equals_the_definition_on_avx2() {
         generic_on(crate::kernels::backend::Avx2::new(), Isa::Avx2);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn generic_equals_the_pixel_gather_on_avx512() {
+    fn generic_equals_the_definition_on_avx512() {
         generic_on(crate::kernels::backend::Avx512::new(), Isa::Avx512);
     }
 }

@@ -5,75 +5,39 @@
 //! `N x N` block (pixels x channels) is transposed in registers ([`Lanes::transpose`]) into
 //! `N` rows of the column tile.
 //!
-//! The per-pixel gather ([`super::lanes::interpolate`]) needs a gather per corner: hardware on
-//! AVX2 / AVX-512, `N` scalar loads on the portable and scalar backends. Here a corner of `N`
-//! channels is one load, whatever the backend.
+//! A per-pixel gather from the NCHW planes needs a gather per corner (hardware on AVX2 /
+//! AVX-512, `N` scalar loads elsewhere); here a corner of `N` channels is one load, whatever the
+//! backend. That per-pixel gather was the forward's until every backend measured level or
+//! faster with this kernel; it is gone. Deformable forward in ms, per-pixel -> this kernel, min
+//! of runs alternating the two binaries in one sitting, 2 threads (`isa_probe`, `PARTS=fwd`):
+//!
+//! ```text
+//!                 W1 (8 ch)      W2 (128 ch / offset group)   W4 (256 ch)
+//! Intel Xeon with AVX-512:
+//! avx2 f32       1.01 -> 1.00   26.00 -> 22.83   58.52 -> 56.08
+//! avx2 f64       1.39 -> 1.40   48.90 -> 47.59  130.95 -> 127.43
+//! portable f32   2.24 -> 2.27   32.05 -> 24.79   68.92 -> 60.54
+//! portable f64   2.65 -> 2.54   53.61 -> 49.19  139.11 -> 135.28
+//! avx512 f64     1.25 -> 1.32   37.73 -> 36.77  100.08 -> 91.99
+//! AMD Zen 5 (full-width AVX-512):
+//! avx512 f64     0.95 -> 0.77   38.89 -> 38.99   71.11 -> 72.83
+//! scalar f32     1.64 -> 1.61   27.01 -> 26.63   54.09 -> 53.28
+//! scalar f64     1.77 -> 1.70   36.14 -> 37.60   88.66 -> 86.31
+//! AMD Zen 3 (AVX2, no AVX-512; 4 and 3 alternating rounds):
+//! scalar f32     2.71 -> 2.32   42.81 -> 41.53  105.42 -> 101.18
+//! scalar f64     3.66 -> 3.11   64.93 -> 67.45  221.62 -> 198.63
+//! ```
 //!
 //! Arithmetic, per lane: `v = m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate
-//! multiplies and adds, the operands in the order of [`super::lanes::interpolate`], so the
-//! column tile is bit for bit the per-pixel gather's. A corner with no index reads the image's
-//! zero pixel, as the per-pixel gather reads 0.
+//! multiplies and adds (the definition, which the tests compute with plain loops), so the
+//! column tile has the same bits on every backend. A corner with no index reads the image's
+//! zero pixel, where the definition reads 0.
 
-use super::backend::{Backend, Element, Isa, Lanes};
+use super::backend::{Backend, Element, Lanes};
 use super::channel_gather::ChannelRows;
-use super::lanes::TapRow;
+use super::gather::TapRow;
 use super::pixel_major::PixelImage;
 use super::TileRows;
-
-/// Whether the forward runs this kernel instead of the per-pixel gather on backend `isa` for
-/// element `T` (on AVX-512, `f32` segments of at most 8 channels take the paired kernel of
-/// [`super::channel_gather`] instead): where it measured faster, every vector backend in `f32`
-/// and `f64`; not the scalar one, where both gathers are one value at a time and the copy to
-/// pixel-major did not pay.
-///
-/// Deformable forward in ms, per-pixel gather (main's binary) -> this kernel, min of runs
-/// alternating the two binaries in one sitting, Intel Xeon with AVX-512, 2 threads:
-/// `ITERS=10 DEFORMCONV_ISA=<cap> target/release/examples/isa_probe W1 W2 W4` (2 sittings x 2
-/// rounds; f32 also `fwd_probe`, 6 rounds, same picture):
-///
-/// ```text
-///                 W1            W2             W4
-/// avx2 f32       1.01 -> 1.00  26.00 -> 22.83   58.52 -> 56.08
-/// avx2 f64       1.39 -> 1.40  48.90 -> 47.59  130.95 -> 127.43
-/// portable f32   2.24 -> 2.27  32.05 -> 24.79   68.92 -> 60.54
-/// portable f64   2.65 -> 2.54  53.61 -> 49.19  139.11 -> 135.28
-/// avx512 f64     1.25 -> 1.32  37.73 -> 36.77  100.08 -> 91.99   (default cap, 3 sittings)
-/// scalar f32     2.36 -> 2.45  27.09 -> 25.91   72.48 -> 71.87   (not switched)
-/// scalar f64     2.57 -> 2.68  50.62 -> 50.09  139.20 -> 136.73  (not switched)
-/// ```
-///
-/// The gains are the gather's share only: the GEMM is matrixmultiply's under every cap (with
-/// its own AVX-512 kernels on this host) and the sampling table build is unchanged (on W1 it
-/// and the GEMM are nearly all the time: the gather was ~39% of the AVX2 W1 profile). W1 (8
-/// channels, one vector of them) gains nothing and AVX-512 f64 loses ~5% there (noisy at
-/// ~1 ms); W2 and W4 decide.
-///
-/// On AMD Zen 5 (full-width AVX-512, 2 threads), per-pixel -> this kernel, forward ms, min
-/// (and median) of runs alternating the two in one binary (`ITERS=60` W1 x 4 rounds, `ITERS=5`
-/// W2 / W4 x 5 rounds, `isa_probe` with `DTYPE` / `PARTS=fwd`):
-///
-/// ```text
-///                 W1 (8 ch)      W2 (128 ch / offset group)   W4 (256 ch)
-/// avx512 f64     0.95 -> 0.77   38.89 (41.22) -> 38.99 (39.52)  71.11 (72.02) -> 72.83 (73.57)
-/// avx2 f32       0.79 -> 0.64
-/// avx2 f64       1.04 -> 0.88
-/// portable f32   1.56 -> 1.50
-/// portable f64   1.81 -> 1.68
-/// scalar f32     1.64 -> 1.61   27.01 (30.25) -> 26.63 (30.55)  54.09 (55.22) -> 53.28 (55.69)
-/// scalar f64     1.77 -> 1.70   36.14 (37.80) -> 37.60 (39.13)  88.66 (90.03) -> 86.31 (88.77)
-/// ```
-///
-/// So no rule by channels per offset group: the one case the Intel host lost (AVX-512 f64 W1,
-/// 8 channels) gains 20% here, where the hardware gathers of the per-pixel kernel cost more,
-/// and the wide cases are level within noise on both. A threshold that gave W1 back to the
-/// per-pixel gather would trade ~0.07 ms on the Intel host for ~0.19 ms here. Scalar stays
-/// off: level at W2 / W4 on both hosts.
-pub(crate) fn replaces_pixel_gather<T: Element>(isa: Isa) -> bool {
-    match isa {
-        Isa::Scalar => false,
-        Isa::Portable | Isa::Avx2 | Isa::Avx512 => true,
-    }
-}
 
 /// Vectors held for one part of the channels: `blocks x N` vectors, one per channel block and
 /// pixel, so a pixel's corner rows are read front to back over the part's channels before the

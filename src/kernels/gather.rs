@@ -4,7 +4,6 @@
 use super::backend::{self, Backend, WithBackend};
 use super::channel_gather::{self, ChannelRows};
 use super::channel_lanes;
-use super::lanes::{self, TapRow};
 use super::pixel_major::{PixelImage, PixelMajor};
 use super::{Source, TileRows, TileSpan};
 use crate::convention::Convention;
@@ -256,6 +255,17 @@ impl<T: Float> SampleTable<T> {
     }
 }
 
+/// One tap's row of a built [`SampleTable`]: what the gathers read.
+#[derive(Clone, Copy)]
+pub(crate) struct TapRow<'a, T> {
+    /// Corner offsets into the plane, [`NO_CORNER`] for no corner, per corner.
+    pub index: [&'a [i32]; 4],
+    /// Corner weights, per corner.
+    pub weight: [&'a [T]; 4],
+    /// The modulation mask, if any.
+    pub mask: Option<&'a [T]>,
+}
+
 /// The buffers of a built [`SampleTable`], borrowed.
 #[derive(Clone, Copy)]
 struct TableView<'a, T> {
@@ -281,29 +291,28 @@ impl<'a, T> TableView<'a, T> {
 
 /// Fills the deformable column tile of `span` (`(image, group, start .. start + len)`):
 /// `cols[(c' * K + k) * len + q] = m * B(input[n, c], py, px)` (see `kernels` for the layout),
-/// building one [`SampleTable`] per offset group that meets the conv group.
+/// building one [`SampleTable`] per offset group that meets the conv group and interpolating
+/// its samples a vector of channels at a time from `images` (the batch's images pixel-major,
+/// holding `image`): `N` (the backend's lanes) by the generic kernel
+/// ([`super::channel_lanes`]), or, for `f32` segments of at most 8 channels on AVX-512, two
+/// pixels of 8 a vector ([`super::channel_gather`]). Both give the same bits.
 ///
 /// Row `r` of the tile goes to `out.cols[r * out.ld ..][..len]`. The caller guarantees
 /// `H * W <= i32::MAX`, `ld >= len` and `cols.len() >= (C_in/groups * K - 1) * ld + len`.
-///
-/// With `images` (the batch's images pixel-major, holding `image`) the samples are
-/// interpolated for a vector of channels at a time, with the same bits: `N` (the backend's
-/// lanes) by the generic kernel ([`super::channel_lanes`]), or, for `f32` segments of at most
-/// 8 channels on AVX-512, two pixels of 8 a vector ([`super::channel_gather`]).
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
     out: TileRows<'_, T>,
     table: &mut SampleTable<T>,
-    images: Option<&PixelMajor<T>>,
+    images: &PixelMajor<T>,
 ) {
     gather_with::<T, true>(src, offset, span, out, table, images, |t| {
         backend::dispatch(t)
     });
 }
 
-/// [`gather_columns`] with `images` by the generic channel gather on backend `b`, whatever
+/// [`gather_columns`] by the generic channel gather on backend `b`, whatever
 /// [`backend::isa`] is (for the tests of every backend).
 #[cfg(test)]
 pub(crate) fn channel_columns_on<B: Backend, T: Float>(
@@ -315,19 +324,53 @@ pub(crate) fn channel_columns_on<B: Backend, T: Float>(
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
 ) {
-    gather_with::<T, false>(src, offset, span, out, table, Some(images), |taps| {
+    gather_with::<T, false>(src, offset, span, out, table, images, |taps| {
         b.vectorize(taps)
     });
 }
 
-/// [`gather_columns`]' loop; `TUNED`: may use the AVX-512 `f32` kernel; `generic`: ChannelTaps.
+/// [`gather_columns`] by plain scalar loops over the same tables, from the definition
+/// `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)`: what the kernels' tests compare with.
+#[cfg(test)]
+pub(crate) fn columns_by_definition<T: Float>(
+    src: &Source<'_, T>,
+    offset: &[T],
+    span: TileSpan,
+    out: TileRows<'_, T>,
+    table: &mut SampleTable<T>,
+    images: &PixelMajor<T>,
+) {
+    gather_with::<T, false>(src, offset, span, out, table, images, |t| {
+        let value = |p: i32, c: usize| {
+            if p < 0 {
+                T::ZERO
+            } else {
+                t.image.values[p as usize * t.image.channels + c]
+            }
+        };
+        for k in 0..t.taps {
+            let tap = t.table.tap_row(k, t.len, t.has_mask);
+            for c in t.channels.clone() {
+                let row = &mut t.cols[((c - t.first) * t.taps + k) * t.ld..][..t.len];
+                for (q, v) in row.iter_mut().enumerate() {
+                    let term = |i: usize| tap.weight[i][q] * value(tap.index[i][q], c);
+                    let sum = ((term(0) + term(1)) + term(2)) + term(3);
+                    *v = tap.mask.map_or(sum, |m| m[q] * sum);
+                }
+            }
+        }
+    });
+}
+
+/// [`gather_columns`]' loop; `TUNED`: may use the AVX-512 `f32` kernel; `generic`: every other
+/// offset group's channels.
 fn gather_with<T: Float, const TUNED: bool>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
     out: TileRows<'_, T>,
     table: &mut SampleTable<T>,
-    images: Option<&PixelMajor<T>>,
+    images: &PixelMajor<T>,
     mut generic: impl FnMut(ChannelTaps<'_, T>),
 ) {
     let TileSpan {
@@ -341,8 +384,7 @@ fn gather_with<T: Float, const TUNED: bool>(
     let taps = g.taps();
     let cg = g.c_in_per_group();
     let per_og = g.c_per_offset_group();
-    let plane_len = g.h * g.w;
-    debug_assert!(plane_len <= i32::MAX as usize);
+    debug_assert!(g.h * g.w <= i32::MAX as usize);
     debug_assert!(ld >= len && (cg * taps == 0 || cols.len() >= (cg * taps - 1) * ld + len));
     let (c_lo, c_hi) = (group * cg, (group + 1) * cg);
     let mut c = c_lo;
@@ -351,9 +393,9 @@ fn gather_with<T: Float, const TUNED: bool>(
         let chunk_end = c_hi.min((og + 1) * per_og);
         table.build(src, offset, image, og, start, len);
         // The paired AVX-512 `f32` kernel for at most 8 channels, else the generic one.
-        let tuned_image = images
+        let tuned_image = Some(images.image(image))
             .filter(|_| TUNED && backend::isa() == backend::Isa::Avx512 && chunk_end - c <= 8)
-            .and_then(|images| images.image(image).as_f32());
+            .and_then(PixelImage::as_f32);
         if let (Some(pixel_image), Some(table), Some(cols)) =
             (tuned_image, table.view_f32(), T::as_f32_mut(&mut *cols))
         {
@@ -371,10 +413,7 @@ fn gather_with<T: Float, const TUNED: bool>(
                 };
                 channel_gather::interpolate_tap(pixel_image, rows, &tap, len, out);
             }
-            c = chunk_end;
-            continue;
-        }
-        if let Some(images) = images {
+        } else {
             generic(ChannelTaps {
                 table: table.view(),
                 image: images.image(image),
@@ -386,58 +425,8 @@ fn gather_with<T: Float, const TUNED: bool>(
                 cols: &mut *cols,
                 ld,
             });
-            c = chunk_end;
-            continue;
         }
-        backend::dispatch(Rows {
-            table: table.view(),
-            planes: &src.input[(image * g.c_in + c) * plane_len..][..(chunk_end - c) * plane_len],
-            channels: chunk_end - c,
-            plane_len,
-            first_row: (c - c_lo) * taps,
-            taps,
-            len,
-            has_mask: src.mask.is_some(),
-            cols,
-            ld,
-        });
         c = chunk_end;
-    }
-}
-
-/// The rows of consecutive channels of one offset group, interpolated from one table on the
-/// backend of the call: row `first_row + c * taps + k` of `cols` (stride `ld`) is tap `k` over
-/// plane `c` of `planes`.
-struct Rows<'a, T> {
-    table: TableView<'a, T>,
-    planes: &'a [T],
-    channels: usize,
-    plane_len: usize,
-    first_row: usize,
-    taps: usize,
-    len: usize,
-    has_mask: bool,
-    cols: &'a mut [T],
-    ld: usize,
-}
-
-impl<T: Float> WithBackend for Rows<'_, T> {
-    type Output = ();
-
-    #[inline(always)]
-    fn run<B: Backend>(self, b: B) {
-        // (Not `chunks_exact`: an empty input plane with padding still has output pixels.)
-        for c in 0..self.channels {
-            let plane = &self.planes[c * self.plane_len..][..self.plane_len];
-            for k in 0..self.taps {
-                let tap = self.table.tap_row(k, self.len, self.has_mask);
-                let row =
-                    &mut self.cols[(self.first_row + c * self.taps + k) * self.ld..][..self.len];
-                // SAFETY: the table was built for planes of `plane_len = H * W` values, so
-                // its indices are NO_CORNER or below plane_len = plane.len().
-                unsafe { lanes::interpolate(b, plane, &tap, row) };
-            }
-        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! The compute kernels of the fast path: column gathers (dense im2col; the deformable bilinear
-//! gather, per pixel in `gather` or a vector of channels at a time from pixel-major images
-//! (`pixel_major`): written once over the backend's vectors in `channel_lanes`, with a paired
-//! AVX-512 `f32` form for at most 8 channels in `channel_gather`; the table built a vector of
-//! pixels at a time by `locate`), the GEMM (`gemm`), and the backward's sampling table
+//! gather in `gather`, a vector of channels at a time from pixel-major images (`pixel_major`):
+//! written once over the backend's vectors in `channel_lanes`, with a paired AVX-512 `f32` form
+//! for at most 8 channels in `channel_gather`; the table built a vector of pixels at a time by
+//! `locate`), the GEMM (`gemm`), and the backward's sampling table
 //! (`taps`), atomic-free col2im scatter (`col2im`) and coordinate / mask gradients (`coord`),
 //! or, for deformable `f32` on a vector backend, both fused on pixel-major planes a vector of
 //! channels at a time (`channel_backward`).
@@ -39,7 +39,6 @@ pub(crate) mod coord;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
-pub(crate) mod lanes;
 pub(crate) mod locate;
 pub(crate) mod pixel_major;
 pub(crate) mod taps;
@@ -104,8 +103,11 @@ pub(crate) struct TileRows<'a, T> {
 /// (`out.ld >= len`; see the module docs for the layout, which is the case `ld = len`), by
 /// the deformable gather when `src` has offsets and by the dense im2col otherwise. A forward
 /// tile spanning several images fills one such block per image, side by side in a buffer of
-/// row stride `ld`. `images` (deformable only) holds `span.image` pixel-major, for the
-/// channel-vectorised gather.
+/// row stride `ld`. `images` holds `span.image` pixel-major; the deformable gather reads it
+/// (the dense im2col ignores it).
+///
+/// # Panics
+/// If `src` has offsets and `images` is `None`.
 #[inline]
 pub(crate) fn fill_columns<T: crate::Float>(
     src: &Source<'_, T>,
@@ -115,7 +117,10 @@ pub(crate) fn fill_columns<T: crate::Float>(
     images: Option<&pixel_major::PixelMajor<T>>,
 ) {
     match src.offset {
-        Some(offset) => gather::gather_columns(src, offset, span, out, scratch, images),
+        Some(offset) => {
+            let images = images.expect("the deformable gather reads pixel-major images");
+            gather::gather_columns(src, offset, span, out, scratch, images)
+        }
         None => im2col::im2col_columns(src, span, out),
     }
 }

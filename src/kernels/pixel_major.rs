@@ -1,22 +1,23 @@
-//! Images copied to pixel-major order for the channel-vectorised deformable gather
-//! ([`super::channel_gather`], [`super::channel_lanes`]), in `f32` or `f64`.
+//! Images copied to pixel-major order for the deformable gather ([`super::channel_lanes`],
+//! [`super::channel_gather`]), in `f32` or `f64`.
 //!
 //! An NCHW image keeps each channel's plane contiguous, so the `N` channels of one bilinear
 //! corner are `N` scattered loads (a hardware gather). Pixel-major, `[H*W + 1][C_in]`, puts the
 //! channels of a pixel side by side: one corner of `N` channels is one vector load. The copy
 //! costs one pass over the input per call; it is made for as many images at a time as fit
-//! [`PIXEL_MAJOR_BUDGET_BYTES`], so it does not grow with the batch (and images larger than
-//! that are not copied at all: the forward then uses the per-pixel gather).
+//! [`PIXEL_MAJOR_BUDGET_BYTES`] (at least one), so it does not grow with the batch.
 //!
 //! The extra last pixel is all zeros: a corner outside the image reads it, so the gather has
 //! no branch per corner, and an infinite pixel inside the image never meets an outside corner.
 
 use super::backend::{dispatch, Backend, Element, Lanes, WithBackend};
+use crate::error::{Error, Result};
 use crate::Float;
 use rayon::prelude::*;
 
-/// Most bytes of pixel-major copies held at once. 16 MiB so that one 256-channel 64x64
-/// `f64` image (W4, 8.4 MB) fits: at 8 MiB it missed by 2 KB and took the per-pixel gather.
+/// Most bytes of pixel-major copies held at once, unless one image is larger. 16 MiB so that
+/// one 256-channel 64x64 `f64` image (W4, 8.4 MB) fits: at 8 MiB it missed by 2 KB and took
+/// the per-pixel gather the forward had then, which the figures below compare with.
 /// `isa_probe W1 W2 W4`, 2 threads, AMD Zen 4, 5 alternating rounds, each the best of 20
 /// (`f64`: 6), median of the rounds, 8 -> 16 MiB: `f64` W4 forward 129.9 -> 106.5 ms, `f32`
 /// and the other workloads level (`f32` W4 53.0 -> 52.7); at 4 MiB `f32` W4 missed the same
@@ -58,8 +59,8 @@ impl<T: Float> Default for PixelMajor<T> {
 }
 
 impl<T: Float> PixelMajor<T> {
-    /// Images of `channels x pixels` (+1 zero pixel) per [`PIXEL_MAJOR_BUDGET_BYTES`]; 0 when
-    /// one image does not fit.
+    /// Images of `channels x pixels` (+1 zero pixel) per [`PIXEL_MAJOR_BUDGET_BYTES`], at
+    /// least 1.
     pub(crate) fn images_per_chunk(channels: usize, pixels: usize) -> usize {
         let bytes = (pixels + 1)
             .saturating_mul(channels)
@@ -72,12 +73,16 @@ impl<T: Float> PixelMajor<T> {
         };
         #[cfg(not(test))]
         let budget = PIXEL_MAJOR_BUDGET_BYTES;
-        budget / bytes
+        (budget / bytes).max(1)
     }
 
     /// Copies images `first .. first + count` of `input` (`[N, channels, pixels]`, C-order),
     /// in parallel on the current rayon pool. The copy is exact (no arithmetic), so the way
     /// it is split does not matter.
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] if the memory for the copies cannot be had (one image may be larger
+    /// than [`PIXEL_MAJOR_BUDGET_BYTES`]).
     pub(crate) fn fill(
         &mut self,
         input: &[T],
@@ -85,7 +90,7 @@ impl<T: Float> PixelMajor<T> {
         count: usize,
         channels: usize,
         pixels: usize,
-    ) {
+    ) -> Result<()> {
         let per_image = (pixels + 1) * channels;
         assert!(
             input.len() >= (first + count) * channels * pixels,
@@ -100,13 +105,18 @@ impl<T: Float> PixelMajor<T> {
         self.stride = per_image.div_ceil(line) * line;
         let need = count * self.stride + line;
         if self.data.capacity() < need {
-            self.data = crate::scratch::take_empty(need);
+            self.data = crate::scratch::try_take_empty(need).ok_or_else(|| Error::TooLarge {
+                what: format!(
+                    "pixel-major copy of {count} image(s) of {channels} x {pixels}: the \
+                     allocation failed"
+                ),
+            })?;
         }
         self.data.clear();
         self.lead = self.data.as_ptr().align_offset(64).min(line);
         self.data.resize(self.lead, T::ZERO);
         if per_image == 0 {
-            return;
+            return Ok(());
         }
         // Each piece is zeroed right before the copy overwrites it, by the thread that copies it
         // and while it is in L1, instead of a serial fill of the whole buffer first (that fill
@@ -129,6 +139,7 @@ impl<T: Float> PixelMajor<T> {
         // the `count * stride` slots after the `lead` initialised ones were initialised by
         // `filled`.
         unsafe { self.data.set_len(self.lead + count * self.stride) };
+        Ok(())
     }
 
     /// Image `n` (of the batch) pixel-major.
@@ -313,7 +324,7 @@ pub(crate) mod tests {
             let n = 3;
             let input: Vec<f32> = (0..n * channels * pixels).map(|i| i as f32).collect();
             let mut pm = PixelMajor::default();
-            pm.fill(&input, 1, 2, channels, pixels);
+            pm.fill(&input, 1, 2, channels, pixels).unwrap();
             for img in 1..3 {
                 let got = pm.image(img).values;
                 for p in 0..pixels {

@@ -1,5 +1,4 @@
-//! The AVX2 backend: 8 `f32` or 4 `f64` lanes, hardware gathers, masked loads and stores for
-//! tails.
+//! The AVX2 backend: 8 `f32` or 4 `f64` lanes, masked loads and stores for tails.
 //!
 //! Every vector value here was made from an [`Avx2`] token (the fields are private), so the
 //! CPU has AVX2 and FMA wherever one exists; that is the invariant each `SAFETY` comment relies
@@ -234,40 +233,6 @@ impl Lanes<f32, Avx2> for F32x8 {
             }
         }
     }
-    #[inline(always)]
-    unsafe fn gather(_: Avx2, base: &[f32], idx: &[i32]) -> Self {
-        assert!(idx.len() >= 8);
-        // SAFETY: AVX2 (token); 8 indices are readable (asserted); the lanes with a negative
-        // index are masked off (not read), the others are below base.len() (the contract).
-        unsafe {
-            let v = _mm256_loadu_si256(idx.as_ptr() as *const __m256i);
-            let valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_set1_epi32(-1)));
-            F32x8(_mm256_mask_i32gather_ps::<4>(
-                _mm256_setzero_ps(),
-                base.as_ptr(),
-                v,
-                valid,
-            ))
-        }
-    }
-    #[inline(always)]
-    unsafe fn gather_partial(_: Avx2, base: &[f32], idx: &[i32]) -> Self {
-        debug_assert!(idx.len() < 8);
-        // SAFETY: AVX2 (token); only the first n = min(len, 8) indices are read (masked load);
-        // only lanes below n with a non-negative index are gathered, each below base.len()
-        // (the contract).
-        unsafe {
-            let lanes = first32(idx.len().min(8));
-            let v = _mm256_maskload_epi32(idx.as_ptr(), lanes);
-            let valid = _mm256_and_si256(lanes, _mm256_cmpgt_epi32(v, _mm256_set1_epi32(-1)));
-            F32x8(_mm256_mask_i32gather_ps::<4>(
-                _mm256_setzero_ps(),
-                base.as_ptr(),
-                v,
-                _mm256_castsi256_ps(valid),
-            ))
-        }
-    }
 }
 
 impl Lanes<f64, Avx2> for F64x4 {
@@ -372,47 +337,6 @@ impl Lanes<f64, Avx2> for F64x4 {
             r[1] = F64x4(_mm256_permute2f128_pd::<0x20>(t[1], t[3]));
             r[2] = F64x4(_mm256_permute2f128_pd::<0x31>(t[0], t[2]));
             r[3] = F64x4(_mm256_permute2f128_pd::<0x31>(t[1], t[3]));
-        }
-    }
-    #[inline(always)]
-    unsafe fn gather(_: Avx2, base: &[f64], idx: &[i32]) -> Self {
-        assert!(idx.len() >= 4);
-        // SAFETY: AVX2 (token); 4 indices are readable (asserted); the lanes with a negative
-        // index are masked off (not read), the others are below base.len() (the contract).
-        unsafe {
-            let v = _mm_loadu_si128(idx.as_ptr() as *const __m128i);
-            // Each 32-bit all-ones/zero lane sign-extended to its 64-bit lane.
-            let valid = _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm_cmpgt_epi32(
-                v,
-                _mm_set1_epi32(-1),
-            )));
-            F64x4(_mm256_mask_i32gather_pd::<8>(
-                _mm256_setzero_pd(),
-                base.as_ptr(),
-                v,
-                valid,
-            ))
-        }
-    }
-    #[inline(always)]
-    unsafe fn gather_partial(_: Avx2, base: &[f64], idx: &[i32]) -> Self {
-        debug_assert!(idx.len() < 4);
-        // SAFETY: AVX2 (token); only the first n = min(len, 4) indices are read (masked load);
-        // only lanes below n with a non-negative index are gathered, each below base.len()
-        // (the contract).
-        unsafe {
-            let lanes = first32(idx.len().min(4));
-            let v = _mm_maskload_epi32(idx.as_ptr(), _mm256_castsi256_si128(lanes));
-            let valid32 = _mm_and_si128(
-                _mm256_castsi256_si128(lanes),
-                _mm_cmpgt_epi32(v, _mm_set1_epi32(-1)),
-            );
-            F64x4(_mm256_mask_i32gather_pd::<8>(
-                _mm256_setzero_pd(),
-                base.as_ptr(),
-                v,
-                _mm256_castsi256_pd(_mm256_cvtepi32_epi64(valid32)),
-            ))
         }
     }
 }

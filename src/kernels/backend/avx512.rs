@@ -1,5 +1,4 @@
-//! The AVX-512F backend: 16 `f32` or 8 `f64` lanes, masked loads and stores for tails, hardware
-//! gathers.
+//! The AVX-512F backend: 16 `f32` or 8 `f64` lanes, masked loads and stores for tails.
 //!
 //! Every vector value here was made from an [`Avx512`] token (the fields are private), so the
 //! CPU has AVX-512F wherever one exists; that is the invariant each `SAFETY` comment relies on.
@@ -59,25 +58,6 @@ impl Backend for Avx512 {
 fn first(n: usize) -> __mmask16 {
     debug_assert!(n <= 16);
     ((1u32 << n) - 1) as __mmask16
-}
-
-/// The `n <= 16` indices `idx[..n]` in the first lanes (0 after) and the mask of those that are
-/// not negative.
-///
-/// # Safety
-/// The CPU has AVX-512F; `idx.len() >= n`.
-#[inline(always)]
-unsafe fn indices(idx: &[i32], n: usize) -> (__m512i, __mmask16) {
-    debug_assert!(idx.len() >= n);
-    let lanes = first(n);
-    // SAFETY: AVX-512F by the contract; the masked-off lanes (n and up) are not read.
-    unsafe {
-        let v = _mm512_maskz_loadu_epi32(lanes, idx.as_ptr());
-        (
-            v,
-            _mm512_mask_cmpge_epi32_mask(lanes, v, _mm512_setzero_si512()),
-        )
-    }
 }
 
 impl Lanes<f32, Avx512> for F32x16 {
@@ -199,37 +179,6 @@ impl Lanes<f32, Avx512> for F32x16 {
         // SAFETY: AVX-512F (a value exists).
         unsafe { crate::kernels::transpose::transpose16(&mut block) };
         *r = block.map(F32x16);
-    }
-    #[inline(always)]
-    unsafe fn gather(b: Avx512, base: &[f32], idx: &[i32]) -> Self {
-        assert!(idx.len() >= 16);
-        // SAFETY: as gather_partial, with all 16 lanes.
-        unsafe { gather_f32(b, base, idx, 16) }
-    }
-    #[inline(always)]
-    unsafe fn gather_partial(b: Avx512, base: &[f32], idx: &[i32]) -> Self {
-        debug_assert!(idx.len() < 16);
-        // SAFETY: the caller's contract; n = idx.len() lanes.
-        unsafe { gather_f32(b, base, idx, idx.len().min(16)) }
-    }
-}
-
-/// Lanes `i < n` are `base[idx[i]]` or 0 for a negative index, the others 0.
-///
-/// # Safety
-/// `idx.len() >= n`, and every non-negative `idx[i]`, `i < n`, is below `base.len()`.
-#[inline(always)]
-unsafe fn gather_f32(_: Avx512, base: &[f32], idx: &[i32], n: usize) -> F32x16 {
-    // SAFETY: AVX-512F (token); only the lanes of `valid` are read, each in bounds by the
-    // contract.
-    unsafe {
-        let (v, valid) = indices(idx, n);
-        F32x16(_mm512_mask_i32gather_ps::<4>(
-            _mm512_setzero_ps(),
-            valid,
-            v,
-            base.as_ptr(),
-        ))
     }
 }
 
@@ -357,37 +306,5 @@ impl Lanes<f64, Avx512> for F64x8 {
                 r[c + 4] = F64x8(_mm512_shuffle_f64x2::<0xEE>(u[m], u[4 + m]));
             }
         }
-    }
-    #[inline(always)]
-    unsafe fn gather(b: Avx512, base: &[f64], idx: &[i32]) -> Self {
-        assert!(idx.len() >= 8);
-        // SAFETY: as gather_partial, with all 8 lanes.
-        unsafe { gather_f64(b, base, idx, 8) }
-    }
-    #[inline(always)]
-    unsafe fn gather_partial(b: Avx512, base: &[f64], idx: &[i32]) -> Self {
-        debug_assert!(idx.len() < 8);
-        // SAFETY: the caller's contract; n = idx.len() lanes.
-        unsafe { gather_f64(b, base, idx, idx.len().min(8)) }
-    }
-}
-
-/// Lanes `i < n` are `base[idx[i]]` or 0 for a negative index, the others 0 (`n <= 8`).
-///
-/// # Safety
-/// `idx.len() >= n`, and every non-negative `idx[i]`, `i < n`, is below `base.len()`.
-#[inline(always)]
-unsafe fn gather_f64(_: Avx512, base: &[f64], idx: &[i32], n: usize) -> F64x8 {
-    debug_assert!(n <= 8);
-    // SAFETY: AVX-512F (token); only the lanes of `valid` (all below n <= 8) are read, each in
-    // bounds by the contract.
-    unsafe {
-        let (v, valid) = indices(idx, n);
-        F64x8(_mm512_mask_i32gather_pd::<8>(
-            _mm512_setzero_pd(),
-            valid as __mmask8,
-            _mm512_castsi512_si256(v),
-            base.as_ptr(),
-        ))
     }
 }

@@ -163,18 +163,6 @@ pub trait Lanes<T: Copy + Default, B: Backend>: Copy {
     /// Writes the first `dst.len() <= N` lanes (`dst.len() <= N`, checked), each an integer of
     /// magnitude below `2^31`, as `i32` (another value gives some `i32`).
     fn store_i32(self, dst: &mut [i32]);
-    /// Lane `i` is `base[idx[i]]` where `idx[i] >= 0`, else 0 (nothing is read for it), for
-    /// `i < N` (`idx.len() >= N`, checked).
-    ///
-    /// # Safety
-    /// Every non-negative `idx[i]`, `i < N`, is below `base.len()`.
-    unsafe fn gather(b: B, base: &[T], idx: &[i32]) -> Self;
-    /// [`Lanes::gather`] for the first `idx.len()` lanes (`idx.len() < N`, checked in debug
-    /// builds); the others are 0.
-    ///
-    /// # Safety
-    /// As for [`Lanes::gather`].
-    unsafe fn gather_partial(b: B, base: &[T], idx: &[i32]) -> Self;
 
     /// Transposes the `N x N` block `rows` (row `i` = `rows[i]`, `rows.len() == N`, checked)
     /// in place: afterwards `rows[j]` lane `i` is what was `rows[i]` lane `j`. It only moves

@@ -1,7 +1,6 @@
 //! The portable backend: the `wide` crate's 256-bit vectors (`f32x8`, `f64x4`), which compile to
 //! the target's baseline SIMD (NEON on aarch64, SSE2 on plain x86_64). `wide` picks its
-//! instructions when the crate is compiled, so this backend needs no run-time features; its
-//! gather reads lane by lane.
+//! instructions when the crate is compiled, so this backend needs no run-time features.
 
 use super::{Backend, Isa, Lanes, WithBackend};
 use wide::{f32x8, f64x4};
@@ -162,47 +161,8 @@ macro_rules! wide_lanes {
                 let r: &mut [Self; $n] = rows.try_into().expect("N rows");
                 *r = $transpose(*r);
             }
-            #[inline(always)]
-            unsafe fn gather(_: Portable, base: &[$t], idx: &[i32]) -> Self {
-                let idx: &[i32; $n] = idx[..$n].try_into().unwrap();
-                // SAFETY: the caller's contract.
-                <$v>::new(unsafe { gather_lanes(base, idx) })
-            }
-            #[inline(always)]
-            unsafe fn gather_partial(_: Portable, base: &[$t], idx: &[i32]) -> Self {
-                debug_assert!(idx.len() < $n);
-                let mut padded = [-1; $n];
-                let n = idx.len().min($n);
-                padded[..n].copy_from_slice(&idx[..n]);
-                // SAFETY: the caller's contract; the padding lanes have index -1.
-                <$v>::new(unsafe { gather_lanes(base, &padded) })
-            }
         }
     };
-}
-
-/// Lane `l` is `base[idx[l]]`, or 0 where `idx[l] < 0`: every lane reads (index 0 for a
-/// negative one) and then selects, without branches. Measured in the `gather_speed` probe on
-/// x86_64 (SSE2): f32 rows 6.0-6.7 -> 2.0-2.9 ns a value against one branch per lane, f64 rows
-/// 2.3-2.8 -> 3.1-4.1 (worse; to revisit with the next stages).
-///
-/// # Safety
-/// Every non-negative `idx[l]` is below `base.len()`.
-#[inline(always)]
-unsafe fn gather_lanes<T: Copy + Default, const N: usize>(base: &[T], idx: &[i32; N]) -> [T; N] {
-    if base.is_empty() {
-        // Every index is negative (the contract).
-        return [T::default(); N];
-    }
-    let mut lanes = [T::default(); N];
-    for (v, &i) in lanes.iter_mut().zip(idx) {
-        debug_assert!(i < 0 || (i as usize) < base.len());
-        // SAFETY: max(i, 0) is 0 < base.len() or a non-negative index, below base.len() by the
-        // contract.
-        let read = unsafe { *base.get_unchecked(i.max(0) as usize) };
-        *v = if i >= 0 { read } else { T::default() };
-    }
-    lanes
 }
 
 wide_lanes!(f32x8, f32, 8, f32x8::transpose);

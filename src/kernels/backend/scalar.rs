@@ -104,22 +104,6 @@ macro_rules! one_lane {
             fn transpose(_: Scalar, rows: &mut [Self]) {
                 assert_eq!(rows.len(), 1);
             }
-            #[inline(always)]
-            unsafe fn gather(_: Scalar, base: &[$t], idx: &[i32]) -> Self {
-                let i = idx[0];
-                debug_assert!(i < 0 || (i as usize) < base.len());
-                // SAFETY: a non-negative index is below base.len() (the caller's contract).
-                One(if i >= 0 {
-                    unsafe { *base.get_unchecked(i as usize) }
-                } else {
-                    0.0
-                })
-            }
-            #[inline(always)]
-            unsafe fn gather_partial(_: Scalar, _: &[$t], idx: &[i32]) -> Self {
-                debug_assert!(idx.is_empty());
-                One(0.0)
-            }
         }
     };
 }

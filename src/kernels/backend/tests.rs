@@ -5,7 +5,6 @@
 //! names it: then its tests fail, so CI cannot pass without running what it expects.
 
 use super::*;
-use crate::kernels::lanes::{self, TapRow};
 use crate::kernels::test_stream;
 use crate::Float;
 
@@ -64,8 +63,6 @@ macro_rules! per_backend {
 }
 
 per_backend!(
-    interpolate_f32,
-    interpolate_f64,
     lanes_f32,
     lanes_f64,
     rounding_f32,
@@ -109,123 +106,9 @@ fn caps() {
     assert!(isa() <= detected());
 }
 
-/// [`lanes::interpolate`] run through the backend's `vectorize`.
-struct Interpolate<'a, T> {
-    plane: &'a [T],
-    tap: TapRow<'a, T>,
-    row: &'a mut [T],
-}
-
-impl<T: Float> WithBackend for Interpolate<'_, T> {
-    type Output = ();
-    #[inline(always)]
-    fn run<B: Backend>(self, b: B) {
-        // SAFETY: the tests build indices that are -1 or below plane.len().
-        unsafe { lanes::interpolate(b, self.plane, &self.tap, self.row) }
-    }
-}
-
 /// The same bits, any NaN counting as any other.
 fn same<T: Float>(a: T, b: T) -> bool {
     (a.is_nan() && b.is_nan()) || a.to_f64().to_bits() == b.to_f64().to_bits()
-}
-
-/// The definition: `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)`, `v_t = 0` for a negative index.
-fn oracle<T: Float>(plane: &[T], tap: &TapRow<'_, T>, q: usize) -> T {
-    let v = |t: usize| {
-        let i = tap.index[t][q];
-        if i >= 0 {
-            plane[i as usize]
-        } else {
-            T::ZERO
-        }
-    };
-    let w = |t: usize| tap.weight[t][q];
-    let s = w(0) * v(0) + w(1) * v(1) + w(2) * v(2) + w(3) * v(3);
-    match tap.mask {
-        Some(m) => m[q] * s,
-        None => s,
-    }
-}
-
-/// Tails of every length `0 ..= 2N + 1`, with and without a mask, table rows longer than the
-/// output row, indices -1, 0 and at the plane's last value, NaN and infinite pixels (also at
-/// positions only a -1 would alias), zero and negative weights; the output's neighbours are
-/// untouched.
-fn check_interpolate<B: Backend, T: Float>(b: B) {
-    let n = <T::V<B> as Lanes<T, B>>::N;
-    let plane_len = 37;
-    let mut next = test_stream(0x5eed ^ n as u64);
-    let mut plane: Vec<T> = (0..plane_len)
-        .map(|_| T::from_f64(f64::from(next()) * 4.0 - 2.0))
-        .collect();
-    plane[5] = T::from_f64(f64::NAN);
-    plane[11] = T::from_f64(f64::INFINITY);
-    plane[plane_len - 2] = T::from_f64(f64::NEG_INFINITY);
-    let sentinel = T::from_f64(-7.25);
-    for len in 0..=2 * n + 1 {
-        let extra = 3;
-        let index: Vec<Vec<i32>> = (0..4)
-            .map(|t| {
-                (0..len + extra)
-                    .map(|q| match (q + t) % 5 {
-                        0 => -1,
-                        1 => plane_len as i32 - 1,
-                        2 => 0,
-                        _ => (next() * plane_len as f32) as i32,
-                    })
-                    .collect()
-            })
-            .collect();
-        let weight: Vec<Vec<T>> = (0..4)
-            .map(|_| {
-                (0..len + extra)
-                    .map(|q| match q % 7 {
-                        3 => T::ZERO,
-                        5 => T::from_f64(-f64::from(next())),
-                        _ => T::from_f64(f64::from(next())),
-                    })
-                    .collect()
-            })
-            .collect();
-        let mask: Vec<T> = (0..len + extra)
-            .map(|_| T::from_f64(f64::from(next()) * 2.0 - 1.0))
-            .collect();
-        for with_mask in [false, true] {
-            let tap = TapRow {
-                index: [0, 1, 2, 3].map(|t| index[t].as_slice()),
-                weight: [0, 1, 2, 3].map(|t| weight[t].as_slice()),
-                mask: with_mask.then_some(mask.as_slice()),
-            };
-            let mut out = vec![sentinel; len + 2];
-            b.vectorize(Interpolate {
-                plane: &plane,
-                tap,
-                row: &mut out[1..len + 1],
-            });
-            let name = B::ISA.name();
-            assert!(
-                same(out[0], sentinel) && same(out[len + 1], sentinel),
-                "{name} wrote outside, len {len}"
-            );
-            for q in 0..len {
-                let (got, want) = (out[q + 1], oracle(&plane, &tap, q));
-                assert!(
-                    same(got, want),
-                    "{name} {}: len {len}, mask {with_mask}, pixel {q}: {got} != {want}",
-                    T::NAME
-                );
-            }
-        }
-    }
-}
-
-fn interpolate_f32<B: Backend>(b: B) {
-    check_interpolate::<B, f32>(b);
-}
-
-fn interpolate_f64<B: Backend>(b: B) {
-    check_interpolate::<B, f64>(b);
 }
 
 /// Each primitive against its definition, for every partial length.
@@ -256,17 +139,6 @@ fn check_lanes<B: Backend, T: Float>(b: B) {
     }
     T::V::<B>::splat(b, x[0]).store(&mut out);
     assert!(out.iter().all(|&v| same(v, x[0])), "{name} splat");
-    let base: Vec<T> = (0..2 * n + 3).map(|i| T::from_usize(i + 1)).collect();
-    let last = base.len() as i32 - 1;
-    let idx: Vec<i32> = (0..n as i32)
-        .map(|i| [-1, last, 0, i][i as usize % 4])
-        .collect();
-    let read = |i: i32| if i >= 0 { base[i as usize] } else { T::ZERO };
-    // SAFETY: indices are -1 or below base.len().
-    unsafe { T::V::<B>::gather(b, &base, &idx) }.store(&mut out);
-    for i in 0..n {
-        assert!(same(out[i], read(idx[i])), "{name} gather lane {i}");
-    }
     for k in 0..n {
         let sentinel = T::from_f64(99.0);
         let mut part = vec![sentinel; n + 1];
@@ -283,12 +155,6 @@ fn check_lanes<B: Backend, T: Float>(b: B) {
                 same(v, if i < k { x[i] } else { sentinel }),
                 "{name} store_partial {k}"
             );
-        }
-        // SAFETY: indices are -1 or below base.len().
-        unsafe { T::V::<B>::gather_partial(b, &base, &idx[..k]) }.store(&mut out);
-        for i in 0..n {
-            let want = if i < k { read(idx[i]) } else { T::ZERO };
-            assert!(same(out[i], want), "{name} gather_partial {k} lane {i}");
         }
     }
 }
@@ -476,113 +342,4 @@ fn dispatch_reaches_backend<B: Backend>(b: B) {
     }
     assert_eq!(b.vectorize(Which), B::ISA);
     assert_eq!(dispatch(Which), isa());
-}
-
-/// [`lanes::interpolate`] over the same row `reps` times, inside one `vectorize`.
-struct Repeat<'a, T> {
-    plane: &'a [T],
-    tap: TapRow<'a, T>,
-    row: &'a mut [T],
-    reps: usize,
-}
-
-impl<T: Float> WithBackend for Repeat<'_, T> {
-    type Output = ();
-    #[inline(always)]
-    fn run<B: Backend>(self, b: B) {
-        for _ in 0..self.reps {
-            // SAFETY: the probe's indices are -1 or below plane.len().
-            unsafe { lanes::interpolate(b, self.plane, &self.tap, self.row) };
-            std::hint::black_box(&mut *self.row);
-        }
-    }
-}
-
-/// Nanoseconds per interpolated value on each backend of this CPU, `f32` and `f64` (rows of
-/// 256 pixels from a 64 x 64 plane, one corner in 8 missing): `cargo test --release --lib
-/// gather_speed -- --ignored --nocapture`.
-#[test]
-#[ignore = "a timing probe, not a test"]
-fn gather_speed() {
-    fn time<B: Backend, T: Float, const OLD: bool>(b: B) -> f64 {
-        let (plane_len, len, reps) = (64 * 64, 256, 100_000);
-        let mut next = test_stream(3);
-        let plane: Vec<T> = (0..plane_len)
-            .map(|_| T::from_f64(f64::from(next())))
-            .collect();
-        let index: Vec<Vec<i32>> = (0..4)
-            .map(|_| {
-                (0..len)
-                    .map(|q| {
-                        if q % 8 == 7 {
-                            -1
-                        } else {
-                            (next() * plane_len as f32) as i32
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
-        let weight: Vec<Vec<T>> = (0..4)
-            .map(|_| (0..len).map(|_| T::from_f64(f64::from(next()))).collect())
-            .collect();
-        let mask: Vec<T> = (0..len).map(|_| T::from_f64(f64::from(next()))).collect();
-        let mut row = vec![T::ZERO; len];
-        let tap = TapRow {
-            index: [0, 1, 2, 3].map(|t| index[t].as_slice()),
-            weight: [0, 1, 2, 3].map(|t| weight[t].as_slice()),
-            mask: Some(mask.as_slice()),
-        };
-        let mut best = f64::INFINITY;
-        for _ in 0..7 {
-            let start = std::time::Instant::now();
-            if OLD {
-                // The loop the scalar path ran before the backends (for comparison).
-                for _ in 0..reps {
-                    let read = |i: i32| if i >= 0 { plane[i as usize] } else { T::ZERO };
-                    let ([i0, i1, i2, i3], [w0, w1, w2, w3]) = (tap.index, tap.weight);
-                    for q in 0..len {
-                        row[q] = w0[q] * read(i0[q])
-                            + w1[q] * read(i1[q])
-                            + w2[q] * read(i2[q])
-                            + w3[q] * read(i3[q]);
-                    }
-                    for (v, &m) in row.iter_mut().zip(&mask) {
-                        *v = m * *v;
-                    }
-                    std::hint::black_box(&mut row);
-                }
-            } else {
-                b.vectorize(Repeat {
-                    plane: &plane,
-                    tap,
-                    row: &mut row,
-                    reps,
-                });
-            }
-            best = best.min(start.elapsed().as_secs_f64() * 1e9 / (reps * len) as f64);
-        }
-        best
-    }
-    fn report<B: Backend>(b: B) {
-        let (f32_ns, f64_ns) = (time::<B, f32, false>(b), time::<B, f64, false>(b));
-        eprintln!(
-            "{:>9}: f32 {f32_ns:.3} ns/value, f64 {f64_ns:.3} ns/value",
-            B::ISA.name()
-        );
-    }
-    let b = Scalar::new();
-    let (f32_ns, f64_ns) = (time::<_, f32, true>(b), time::<_, f64, true>(b));
-    eprintln!("old loop: f32 {f32_ns:.3} ns/value, f64 {f64_ns:.3} ns/value");
-    report(b);
-    report(Portable::new());
-    #[cfg(target_arch = "x86_64")]
-    {
-        if let Some(b) = Avx2::new() {
-            report(b);
-        }
-        if let Some(b) = Avx512::new() {
-            report(b);
-        }
-    }
 }
