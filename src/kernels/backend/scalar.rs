@@ -19,8 +19,8 @@ pub(crate) struct One<T>(T);
 
 impl Backend for Scalar {
     const ISA: Isa = Isa::Scalar;
-    /// matrixmultiply's: the scalar cap tests the per-pixel kernels, and our kernel with one
-    /// lane made every GEMM-bound call 3-6x slower than before (`isa_probe`, W2 and W4).
+    /// matrixmultiply's: our kernel with one lane made every GEMM-bound call 3-6x slower
+    /// (`isa_probe`, W2 and W4).
     const OWN_GEMM: bool = false;
     type F32 = One<f32>;
     type F64 = One<f64>;
