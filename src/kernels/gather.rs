@@ -329,8 +329,9 @@ pub(crate) fn channel_columns_on<B: Backend, T: Float>(
     });
 }
 
-/// [`gather_columns`] by plain scalar loops over the same tables, from the definition
-/// `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)`: what the kernels' tests compare with.
+/// [`gather_columns`] by plain scalar loops over the same tables and the NCHW input (not the
+/// pixel-major copies), from the definition `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)`: what
+/// the kernels' tests compare with.
 #[cfg(test)]
 pub(crate) fn columns_by_definition<T: Float>(
     src: &Source<'_, T>,
@@ -340,12 +341,13 @@ pub(crate) fn columns_by_definition<T: Float>(
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
 ) {
+    let (g, input) = (src.geo, src.input);
     gather_with::<T, false>(src, offset, span, out, table, images, |t| {
         let value = |p: i32, c: usize| {
             if p < 0 {
                 T::ZERO
             } else {
-                t.image.values[p as usize * t.image.channels + c]
+                input[(span.image * g.c_in + c) * g.h * g.w + p as usize]
             }
         };
         for k in 0..t.taps {
