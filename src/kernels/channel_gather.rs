@@ -297,9 +297,7 @@ mod tests {
     use crate::geometry::Geometry;
     use crate::kernels::backend::tests::token;
     use crate::kernels::backend::{Backend, Isa, Portable, Scalar};
-    use crate::kernels::gather::{
-        channel_columns_on, columns_by_definition, gather_columns, SampleTable,
-    };
+    use crate::kernels::gather::{by_definition, columns_with, gather_columns, SampleTable};
     use crate::kernels::pixel_major::PixelMajor;
     use crate::kernels::Source;
     use crate::kernels::{TileRows, TileSpan};
@@ -392,7 +390,15 @@ mod tests {
                                 cols: &mut want,
                                 ld,
                             };
-                            columns_by_definition(&src, &offset, span, out, &mut table, &images);
+                            columns_with(
+                                &src,
+                                &offset,
+                                span,
+                                out,
+                                &mut table,
+                                &images,
+                                by_definition(&src, image),
+                            );
                             let mut got = vec![nan; rows * ld];
                             let out = TileRows { cols: &mut got, ld };
                             fill(&src, &offset, span, out, &mut table, &images);
@@ -437,7 +443,7 @@ mod tests {
         fn on<B: Backend, T: Float>(b: B, isa: Isa) {
             equals_definition::<T>(
                 &|src, offset, span, out, table, images| {
-                    channel_columns_on(b, src, offset, span, out, table, images)
+                    columns_with(src, offset, span, out, table, images, |t| b.vectorize(t))
                 },
                 isa.name(),
             );

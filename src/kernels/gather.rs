@@ -312,42 +312,36 @@ pub(crate) fn gather_columns<T: Float>(
     });
 }
 
-/// [`gather_columns`] by the generic channel gather on backend `b`, whatever
-/// [`backend::isa`] is (for the tests of every backend).
+/// [`gather_columns`] with every offset group's channels filled by `kernel` (for the tests:
+/// the generic gather on a chosen backend, `|t| b.vectorize(t)`, or [`by_definition`]).
 #[cfg(test)]
-pub(crate) fn channel_columns_on<B: Backend, T: Float>(
-    b: B,
+pub(crate) fn columns_with<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
     out: TileRows<'_, T>,
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
+    kernel: impl FnMut(ChannelTaps<'_, T>),
 ) {
-    gather_with::<T, false>(src, offset, span, out, table, images, |taps| {
-        b.vectorize(taps)
-    });
+    gather_with::<T, false>(src, offset, span, out, table, images, kernel);
 }
 
-/// [`gather_columns`] by plain scalar loops over the same tables and the NCHW input (not the
-/// pixel-major copies), from the definition `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)`: what
-/// the kernels' tests compare with.
+/// The channels of [`ChannelTaps`] by plain scalar loops over its table and the NCHW input of
+/// `src` (not the pixel-major copies), image `image`, from the definition
+/// `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)`: what the kernels' tests compare with.
 #[cfg(test)]
-pub(crate) fn columns_by_definition<T: Float>(
-    src: &Source<'_, T>,
-    offset: &[T],
-    span: TileSpan,
-    out: TileRows<'_, T>,
-    table: &mut SampleTable<T>,
-    images: &PixelMajor<T>,
-) {
+pub(crate) fn by_definition<'s, T: Float>(
+    src: &'s Source<'_, T>,
+    image: usize,
+) -> impl FnMut(ChannelTaps<'_, T>) + 's {
     let (g, input) = (src.geo, src.input);
-    gather_with::<T, false>(src, offset, span, out, table, images, |t| {
+    move |t| {
         let value = |p: i32, c: usize| {
             if p < 0 {
                 T::ZERO
             } else {
-                input[(span.image * g.c_in + c) * g.h * g.w + p as usize]
+                input[(image * g.c_in + c) * g.h * g.w + p as usize]
             }
         };
         for k in 0..t.taps {
@@ -361,7 +355,7 @@ pub(crate) fn columns_by_definition<T: Float>(
                 }
             }
         }
-    });
+    }
 }
 
 /// [`gather_columns`]' loop; `TUNED`: may use the AVX-512 `f32` kernel; `generic`: every other
