@@ -2,11 +2,11 @@
 //! `cargo run --release --example isa_probe -- W2 W4` prints, per workload, the deformable
 //! forward, the dense forward and the full deformable backward in `f32` and `f64`, in ms and
 //! GFLOP/s. Run it under `DEFORMCONV_ISA=avx512|avx2|portable|scalar` to compare backends.
-//! `DTYPE=f32|f64` runs one element type only; `PARTS=fwd,dense,bwd` (any subset) times only
+//! `DTYPE=f32|f64` runs one element type only; `PARTS=fwd,dense,bwd,dbwd` (any subset; `dbwd` is the dense backward) times only
 //! those parts (the others print as 0); `WANT=input,offset,mask,weight,bias` (any subset)
 //! times the backward of those gradients only.
 
-use deformconv::{conv2d, deform_conv2d, deform_conv2d_backward, Float, Want};
+use deformconv::{conv2d, conv2d_backward, deform_conv2d, deform_conv2d_backward, Float, Want};
 use ndarray::{Array1, Array4};
 use std::time::Instant;
 
@@ -89,8 +89,12 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
         .unwrap();
         std::hint::black_box(r);
     });
+    let dense_bwd = best(iters_of("dbwd"), || {
+        let r = conv2d_backward(go.view(), input.view(), weight.view(), &p, want).unwrap();
+        std::hint::black_box(r);
+    });
     println!(
-        "{} {}: forward {:.2} ms ({:.1} GFLOP/s), dense forward {:.2} ms ({:.1}), full backward {:.2} ms ({:.1} at 2x the forward's flops)",
+        "{} {}: forward {:.2} ms ({:.1} GFLOP/s), dense forward {:.2} ms ({:.1}), full backward {:.2} ms ({:.1} at 2x the forward's flops), dense backward {:.2} ms",
         wl.name,
         T::NAME,
         fwd * 1e3,
@@ -98,7 +102,8 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
         dense * 1e3,
         gflop / dense,
         bwd * 1e3,
-        2.0 * gflop / bwd
+        2.0 * gflop / bwd,
+        dense_bwd * 1e3
     );
 }
 
