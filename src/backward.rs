@@ -21,8 +21,8 @@
 //!
 //! **Determinism.** The work is split by a partition that depends only on the shapes (see
 //! `driver`): every output element has one owner task, sums over channels run in a fixed order
-//! inside that task (ascending; on the pixel-major `f32` path one running sum per vector lane,
-//! reduced by a fixed tree), and `grad_weight` is a fixed number of partials added in fixed order.
+//! inside that task (ascending; on the deformable, pixel-major path one running sum per vector
+//! lane, reduced by a fixed tree per backend), and `grad_weight` is a fixed number of partials added in fixed order.
 //! Results are bitwise identical for any rayon thread count, and the combined backward returns
 //! bitwise the same tensors as the separate functions.
 //!
@@ -33,10 +33,10 @@
 //!
 //! **Workspace.** Per running task: the offset group's padded input and `grad_input` planes of
 //! one image group, a column tile and a column-gradient tile of at most 512 pixels (on the
-//! pixel-major `f32` path about 512 KiB each), a packed `grad_out` tile and the tile's sampling
+//! deformable path as many pixels as 512 KiB of `f32` hold), a packed `grad_out` tile and the tile's sampling
 //! table; plus, for `grad_weight`, at most `R - 1 <= 3` weight-sized partials (one more if the
 //! caller's `grad_weight` view is not row-major; `R` partials and a packed tap-major copy of the
-//! weight on the pixel-major `f32` path). None of it grows with the batch size
+//! weight on the deformable path). None of it grows with the batch size
 //! (`examples/workspace_probe.rs` measures the peak).
 //!
 //! **Kept between calls.** To spare the page faults of fresh multi-megabyte buffers, each

@@ -12,7 +12,7 @@
 //! The coordinate derivatives (for `grad_offset`) use the same corners with no `-1 < p < H`
 //! cut-off: `Wy = lx (v11 - v01) + (1-lx)(v10 - v00)`, `Wx = ly (v11 - v10) + (1-ly)(v01 - v00)`,
 //! so at an exactly integer position they are the one-sided forward difference. The kernels
-//! evaluate them on padded planes (`kernels::coord`, `kernels::channel_backward`); the tests
+//! evaluate them on padded planes (`kernels::channel_backward`); the tests
 //! state them once more on plain planes (`tests::coordinate_weights_in`) and pin the two.
 //!
 //! Other conventions ([`Convention`]) go through [`locate_in`]; for

@@ -30,7 +30,7 @@ pub(crate) fn run<T: Float>(
         return Stats::default();
     }
     let layout = PlaneLayout::for_convention(ops.convention, g.h, g.w);
-    let plan = Plan::new(g, layout, pixel_major_candidate(g, ops));
+    let plan = Plan::new(g, layout, runs_pixel_major(ops));
     let pixel_major = plan.pixel_major;
     let n_tasks = plan.tasks(g);
     let mut per_task: Vec<Vec<(usize, ImageOut<'_, T>)>> =
@@ -78,29 +78,17 @@ pub(crate) fn run<T: Float>(
     stats
 }
 
-/// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): deformable,
-/// `f32`, on a vector backend; `f64` on a vector backend when an offset group has at most 64
-/// channels.
+/// Whether the backward runs pixel-major ([`crate::kernels::channel_backward`]): every
+/// deformable problem, on every backend and in both element types; the dense convolution runs
+/// channel-major ([`crate::kernels::dense_backward`]).
 ///
-/// `f32`, measured on W4 (AVX-512, 1 thread): backward 175 -> 100 ms against the channel-major
-/// col2im + coord kernels (same run: forward 53 ms). On an AMD Zen 4 (2 threads, min of 3 x 5
-/// runs, channel-major -> pixel-major): AVX2 W1 2.56 -> 1.91, W2 50.0 -> 45.1, W4 156 -> 126
-/// ms; portable W1 3.43 -> 3.13, W4 158 -> 137 ms.
-///
-/// `f64` lost on wide groups (AVX-512 W2, 128 channels per offset group, 90 -> 97; AVX2 W4
-/// 256 -> 268, portable W4 241 -> 342 ms) but wins on narrow ones: W1 with 8, 16, 32 and 64
-/// input channels (batch 64 x 8 / channels, 1 thread, min of 60, 3 rounds, Zen 4), AVX-512
-/// 4.93 -> 3.09, 4.26 -> 2.60, 4.00 -> 2.41, 4.00 -> 2.17 ms; AVX2 5.22 -> 3.95, 4.49 -> 3.32,
-/// 4.23 -> 3.16, 4.23 -> 2.88. Portable lost on W1 (6.9 -> 7.1) while its `floor` was a libm
-/// call per lane on x86; with the vector `floor` it wins: W1 `f64` full backward 3.61 -> 3.07
-/// ms (2 threads, min of 6 alternating rounds, Zen 4).
-pub(super) fn pixel_major_candidate<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> bool {
-    use crate::kernels::backend::{isa, Isa};
-    let deformable = ops.offset.is_some() || ops.mask.is_some();
-    deformable
-        && match isa() {
-            Isa::Scalar => false,
-            Isa::Avx512 | Isa::Avx2 | Isa::Portable if !T::IS_F32 => g.c_per_offset_group() <= 64,
-            _ => T::IS_F32,
-        }
+/// The deformable channel-major kernels (col2im + coord per channel) were deleted when the
+/// pixel-major pass covered everything. Their last wins, measured on an AMD Zen 3 (`isa_probe`,
+/// 2 threads, min of 2-3 alternating rounds, channel-major -> pixel-major, ms): scalar `f32`
+/// W1 4.15 -> 4.71, W2 70.5 -> 75.3, W4 190 -> 197; scalar `f64` W1 5.48 -> 6.14, W4 346 ->
+/// 378; `f64` wide offset groups (W2: 128 channels, W4: 256) AVX2 W2 114 -> 124, W4 305 -> 295;
+/// portable W2 143 -> 145, W4 341 -> 359. The scalar backend is only the `DEFORMCONV_ISA`
+/// cap's fallback, and one design for every backend and type replaced about 600 lines.
+pub(super) fn runs_pixel_major<T: Float>(ops: &Operands<'_, T>) -> bool {
+    ops.offset.is_some() || ops.mask.is_some()
 }

@@ -114,7 +114,7 @@ pub(super) struct Scope<'p, 'a, T> {
     pub(super) layout: PlaneLayout,
     /// Most images of one image group (the task's planes hold that many per channel).
     pub(super) max_images: usize,
-    /// Planes, column gradient and columns pixel-major (see `driver::pixel_major_candidate`).
+    /// Planes, column gradient and columns pixel-major (see `driver::runs_pixel_major`).
     pub(super) pixel_major: bool,
 }
 

@@ -1,18 +1,20 @@
-//! A task's sampling table for one tile, `[k][tile column]`: the row table ([`Tap`]) under
-//! the problem's convention, or, on the pixel-major torchvision path, built straight into
-//! columns ([`TapColumns`]).
+//! A task's sampling table for one tile, `[k][tile column]`: for a deformable problem the
+//! columns the fused pass reads ([`TapColumns`]), built straight into columns under
+//! torchvision's convention and through the row table ([`Tap`]) otherwise; for a dense one,
+//! each sample's cell.
 
 use super::operands::Scope;
 use super::plan::{ImageGroup, Piece};
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::kernels::columns::TapColumns;
+use crate::kernels::dense_backward;
 use crate::kernels::locate::{fill_columns, ColumnRun, LIMIT, MAX_PLANE};
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, Rule, Tap, TorchvisionRule};
 
 impl<T: Float> Scope<'_, '_, T> {
     /// Whether the tile tables are built straight into columns ([`Scope::build_columns`]):
-    /// the pixel-major path, torchvision, with offsets, every base coordinate below
+    /// torchvision, with offsets, every base coordinate below
     /// [`LIMIT`] and the task's plane cells below [`MAX_PLANE`]. Measured on W1 (1 thread):
     /// the row table build and its column copy were a third of the backward.
     pub(super) fn direct_columns(&self) -> bool {
@@ -25,8 +27,7 @@ impl<T: Float> Scope<'_, '_, T> {
         };
         let reach_y = reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top);
         let reach_x = reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left);
-        self.pixel_major
-            && self.ops.offset.is_some()
+        self.ops.offset.is_some()
             && self.ops.convention == Convention::Torchvision
             && reach_y < LIMIT
             && reach_x < LIMIT
@@ -99,7 +100,7 @@ impl<T: Float> Scope<'_, '_, T> {
         columns.finish();
     }
 
-    /// The sampling table `[k][tile column]` of the tile, under the problem's convention.
+    /// The deformable tile's row table `[k][tile column]`, under the problem's convention.
     #[inline(never)]
     pub(super) fn build_taps(
         &self,
@@ -108,12 +109,6 @@ impl<T: Float> Scope<'_, '_, T> {
         width: usize,
         taps: &mut Vec<Tap<T>>,
     ) {
-        if self.ops.offset.is_none()
-            && self.ops.mask.is_none()
-            && self.ops.convention == Convention::Torchvision
-        {
-            return self.build_taps_dense(group, tile, width, taps);
-        }
         // One monomorphised build per convention: torchvision's is the code it always was.
         match self.ops.convention {
             Convention::Torchvision => {
@@ -124,18 +119,19 @@ impl<T: Float> Scope<'_, '_, T> {
         }
     }
 
-    /// The dense convolution's table (zero offsets, unit mask) by integer arithmetic alone.
-    /// Measured on W1 dense (1 thread): the general build was a quarter of forward + backward.
-    pub(super) fn build_taps_dense(
+    /// The dense tile's table `[k][tile column]`: each sample's cell ([`dense_backward::cell`])
+    /// by integer arithmetic alone. Measured on W1 dense (1 thread): the general table build
+    /// was a quarter of forward + backward.
+    pub(super) fn build_cells(
         &self,
         group: &ImageGroup,
         tile: &[Piece],
         width: usize,
-        taps: &mut Vec<Tap<T>>,
+        cells: &mut Vec<usize>,
     ) {
         let g = self.g;
         let plane_len = self.layout.len();
-        taps.clear();
+        cells.clear();
         for k in 0..g.taps() {
             let (i, j) = (k / g.kw, k % g.kw);
             let (ty, tx) = (
@@ -146,18 +142,18 @@ impl<T: Float> Scope<'_, '_, T> {
                 let plane0 = (pc.image - group.images.start) * plane_len;
                 let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
                 // `extend` from a range: no capacity check per entry.
-                taps.extend(pc.pixels.clone().map(|_| {
+                cells.extend(pc.pixels.clone().map(|_| {
                     let by = (y * g.stride_h) as isize + ty;
                     let bx = (x * g.stride_w) as isize + tx;
                     x += 1;
                     if x == g.w_out {
                         (y, x) = (y + 1, 0);
                     }
-                    Tap::dense(self.layout, plane0, by, bx)
+                    dense_backward::cell(self.layout, plane0, by, bx)
                 }));
             }
         }
-        debug_assert_eq!(taps.len(), g.taps() * width);
+        debug_assert_eq!(cells.len(), g.taps() * width);
     }
 
     #[inline(always)]

@@ -3,23 +3,23 @@
 //! ([`super::tables`]), the GEMMs ([`super::gemms`]) and the copies in and out of its planes
 //! ([`super::planes`]).
 //!
-//! **Two layouts.** Deformable `f32` on a vector backend (and `f64` on AVX-512 and AVX2 with at
-//! most 64 channels per offset group; see `driver::pixel_major_candidate`) runs *pixel-major*:
-//! input and grad_input planes are `[cell][channel]`, `gcol` and `cols` are `[pixel][k][channel]`,
-//! the GEMMs are turned around to produce and consume that orientation (`weight` permuted
-//! tap-major and packed once per call), and one fused pass of
-//! [`crate::kernels::channel_backward`] does col2im and coord a vector of channels at a time.
-//! Everything else runs *channel-major*: planes `[channel][cell]`, `gcol`, `cols` as below,
-//! col2im and coord per channel.
+//! **Two layouts.** A deformable problem runs *pixel-major* (see `driver::runs_pixel_major`):
+//! input and grad_input planes are `[cell][channel]`, `gcol` and `cols` are
+//! `[pixel][k][channel]`, the GEMMs are turned around to produce and consume that orientation
+//! (`weight` permuted tap-major and packed once per call), and one fused pass of
+//! [`crate::kernels::channel_backward`] does col2im and the offset, mask and column outputs a
+//! vector of channels at a time. The dense convolution runs *channel-major*: planes
+//! `[channel][cell]`, `gcol`, `cols` as below, and [`crate::kernels::dense_backward`]'s
+//! per-channel copies over a table of one cell per sample.
 //!
 //! **Per tile** (for each segment = offset group ∩ conv group, channels ascending; shown
 //! channel-major):
 //! ```text
-//! taps[k, p]           = sampling of (offset group, tap, pixel)        (once per tile)
+//! table[k, p]          = sampling of (offset group, tap, pixel)        (once per tile)
 //! gt[o, p]             = grad_out[n, group(o), p]                      (packed copy)
 //! gcol[c', k, p]       = sum_o weight[o, c', k] * gt[o, p]             (GEMM, if input/offset/mask)
 //! grad_input planes   += scatter(gcol * m, corner weights)            (col2im)
-//! grad_offset, grad_mask, cols = m * B                                 (coord)
+//! grad_offset, grad_mask, cols = m * B                                 (fused with col2im)
 //! wpart[o, c', k]     += sum_p gt[o, p] * cols[c', k, p]               (GEMM, if weight)
 //! ```
 //!
@@ -34,9 +34,9 @@ use super::planes::SampleGrads;
 use super::weights::Weights;
 use crate::float::Float;
 use crate::geometry::Geometry;
-use crate::kernels::col2im::{scatter, TileShape};
+use crate::kernels::channel_backward::SampleOut;
 use crate::kernels::columns::TapColumns;
-use crate::kernels::coord::{sample_gradients, SampleOut, SampleWant};
+use crate::kernels::dense_backward::{self, DenseTile};
 use crate::kernels::taps::{PlaneLayout, Tap};
 use crate::scratch;
 
@@ -113,14 +113,14 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         // `weight_out`); the other slots keep a private partial.
         let mut wpart = alloc(needs.weight && weight_out.is_none(), part_len);
         let mut first_weight_tile = true;
-        let mut taps: Vec<Tap<T>> = Vec::with_capacity(k_taps * p);
-        // Dense convolution: zero offsets and no mask, so every sample is one cell with weight 1.
-        let dense = self.s.ops.offset.is_none() && self.s.ops.mask.is_none();
-        // Pixel-major torchvision tables are built straight into columns, a vector of pixels
-        // at a time (the row table is not built at all).
-        let direct = self.s.direct_columns();
-        // Planes pixel-major and one fused pass per segment instead of col2im + coord.
+        // Deformable: pixel-major planes and one fused pass per segment. Dense: channel-major
+        // planes and a table of one cell per sample.
         let pixel_major = self.s.pixel_major;
+        let mut taps: Vec<Tap<T>> = Vec::new();
+        let mut cells: Vec<usize> = Vec::new();
+        // Torchvision tables are built straight into columns, a vector of pixels at a time
+        // (the row table is not built at all).
+        let direct = self.s.direct_columns();
         let mut columns = TapColumns::<T>::default();
         let mut pixel_bases = (Vec::new(), Vec::new());
         self.stats.grad_plane_elems += gr_planes.len();
@@ -147,22 +147,21 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             }
             for tile in &group.tiles {
                 let width: usize = tile.iter().map(|pc| pc.pixels.len()).sum();
-                let shape = TileShape {
-                    channel_stride: self.plan.max_images * self.s.layout.len(),
-                    pitch: self.s.layout.pitch(),
-                    tile: width,
-                    taps: k_taps,
-                    dense,
-                };
-                if direct {
+                if !pixel_major {
+                    self.s.build_cells(group, tile, width, &mut cells);
+                } else if direct {
                     self.s
                         .build_columns(group, tile, width, &mut columns, &mut pixel_bases);
                 } else {
                     self.s.build_taps(group, tile, width, &mut taps);
-                    if pixel_major {
-                        columns.fill(&taps);
-                    }
+                    columns.fill(&taps);
                 }
+                let dense_tile = DenseTile {
+                    channel_stride: self.plan.max_images * self.s.layout.len(),
+                    tile: width,
+                    taps: k_taps,
+                    cells: &cells,
+                };
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -192,24 +191,23 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         };
                         let planes = (&in_planes[..], &mut gr_planes[..]);
                         self.fused_pass(planes, width, &columns, &gcol, local.clone(), out);
-                    } else if needs.input {
-                        scatter(&mut gr_planes, shape, &taps, &gcol, local.clone());
-                        self.stats.scatters += 1;
-                    }
-                    if needs.input_planes() && !pixel_major {
-                        let want = SampleWant {
-                            offset: needs.offset,
-                            mask: needs.mask,
-                            cols: needs.weight,
-                        };
-                        let out = SampleOut {
-                            dy: &mut acc_dy,
-                            dx: &mut acc_dx,
-                            mask: &mut acc_m,
-                            cols: &mut cols,
-                        };
-                        sample_gradients(&in_planes, shape, &taps, &gcol, local, want, out);
-                        self.stats.sample_passes += 1;
+                    } else {
+                        // Dense: no offset or mask gradient.
+                        if needs.input {
+                            let gcol = &gcol[..rows * width];
+                            dense_backward::scatter(
+                                &mut gr_planes,
+                                dense_tile,
+                                gcol,
+                                local.clone(),
+                            );
+                            self.stats.scatters += 1;
+                        }
+                        if needs.weight {
+                            let cols = &mut cols[..rows * width];
+                            dense_backward::gather(&in_planes, dense_tile, cols, local);
+                            self.stats.sample_passes += 1;
+                        }
                     }
                     if needs.weight {
                         let cols = &cols[..rows * width];
@@ -251,7 +249,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         (wpart, self.stats.add(self.gemms.stats))
     }
 
-    /// The fused pixel-major pass of one segment (see [`pixel_major_candidate`]).
+    /// The fused pixel-major pass of one segment (see `driver::runs_pixel_major`).
     fn fused_pass(
         &mut self,
         (input, grad): (&[T], &mut [T]),

@@ -1,7 +1,19 @@
-//! The backward's per-sample work on pixel-major planes, a vector of channels at a time, for
-//! every backend and element type: the col2im scatter of [`super::col2im`] and the offset,
-//! mask and column outputs of [`super::coord`], fused so that each table entry and
-//! column-gradient value is read once.
+//! The deformable backward's per-sample work on pixel-major planes, a vector of channels at a
+//! time, for every backend and element type: col2im into `grad_input`, and the offset gradient,
+//! mask gradient and masked columns, fused so that each table entry and column-gradient value
+//! is read once. For channel `c`, tap `k`, pixel `p` with column gradient `g = gcol[c, k, p]`,
+//! mask `m`, corner weights `w` and corner values `v00, v01, v10, v11` (border cells read 0):
+//!
+//! ```text
+//! grad_input[c, corner] += (g m) w_corner
+//! Wy = lx (v11 - v01) + (1 - lx)(v10 - v00)      dy[k, p] += (g m) Wy
+//! Wx = ly (v11 - v10) + (1 - ly)(v01 - v00)      dx[k, p] += (g m) Wx
+//! B  = ((w00 v00 + w01 v01) + w10 v10) + w11 v11 (0 outside the window)
+//! mask[k, p] += g B                              cols[c, k, p] = m B
+//! ```
+//!
+//! `Wy`, `Wx` on the table's cells are the sampling rule's coordinate weights (a unit test in
+//! `taps` pins the two bitwise for every convention).
 //!
 //! Planes are pixel-major, `[cell][channels]` over the padded cells of the task's
 //! [`super::taps::PlaneLayout`] (a tap's base already includes its image's plane), so one
@@ -9,9 +21,9 @@
 //! scatter. `gcol` and `cols` are pixel-major too, `[(q K + k) * C_seg + c]`: the driver's
 //! GEMMs produce and consume them in that orientation, so no transposes are needed.
 //!
-//! Per (channel, sample) the IEEE operations are those of `coord` and `col2im` (plain
-//! multiplies and adds, no fused multiply-add), so `cols` is bitwise the scalar definition.
-//! Two things differ, both fixed by the shape and the backend alone (so results stay
+//! Per (channel, sample) the IEEE operations are those above (plain multiplies and adds, no
+//! fused multiply-add), so `cols` is bitwise the scalar definition. Two orders differ from a
+//! plain loop over channels and samples, both fixed by the shape and the backend alone (so results stay
 //! independent of the thread count and of which gradients are asked for):
 //! - a sample's sums over channels (`dy`, `dx`, `mask`) are `N` running lane sums over the
 //!   channel blocks, reduced by a fixed halving tree, instead of one ascending chain;
@@ -32,7 +44,19 @@ mod pairs;
 use crate::float::Float;
 use crate::kernels::backend::{dispatch, Backend, Element, Isa, Lanes, WithBackend};
 use crate::kernels::columns::TapColumns;
-use crate::kernels::coord::SampleOut;
+
+/// Where the pass accumulates the offset and mask gradients and writes the columns; slices
+/// not wanted may be empty.
+pub(crate) struct SampleOut<'a, T> {
+    /// `[k][tile]` accumulators of the `dy` offset gradient.
+    pub dy: &'a mut [T],
+    /// `[k][tile]` accumulators of the `dx` offset gradient.
+    pub dx: &'a mut [T],
+    /// `[k][tile]` accumulators of the mask gradient.
+    pub mask: &'a mut [T],
+    /// `[pixel][k][channel]` masked bilinear columns.
+    pub cols: &'a mut [T],
+}
 
 /// Geometry of one pass over a tile.
 #[derive(Debug, Clone, Copy)]

@@ -2,10 +2,10 @@
 //! gather in `gather`, a vector of channels at a time from pixel-major images (`pixel_major`):
 //! written once over the backend's vectors in `channel_lanes`, with a paired AVX-512 `f32` form
 //! for at most 8 channels in `channel_gather`; the table built a vector of pixels at a time by
-//! `locate`), the GEMM (`gemm`), and the backward's sampling table
-//! (`taps`), atomic-free col2im scatter (`col2im`) and coordinate / mask gradients (`coord`),
-//! or, for deformable `f32` on a vector backend, both fused on pixel-major planes a vector of
-//! channels at a time (`channel_backward`).
+//! `locate`), the GEMM (`gemm`), and the backward's sampling table (`taps`, in column form
+//! `columns`), its fused pass for every deformable problem (col2im with the offset and mask
+//! gradients and the columns, on pixel-major planes a vector of channels at a time:
+//! `channel_backward`) and the dense convolution's per-channel loops (`dense_backward`).
 //!
 //! # The column tile
 //!
@@ -33,9 +33,8 @@ pub(crate) mod backend;
 pub(crate) mod channel_backward;
 pub(crate) mod channel_gather;
 pub(crate) mod channel_lanes;
-pub(crate) mod col2im;
 pub(crate) mod columns;
-pub(crate) mod coord;
+pub(crate) mod dense_backward;
 pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;

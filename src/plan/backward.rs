@@ -35,12 +35,12 @@ use crate::geometry::Geometry;
 use crate::kernels::columns::MAX_CELLS;
 use crate::kernels::taps::PlaneLayout;
 
-/// Most output pixels in one tile (GEMM width) of the channel-major path. 512 rather than 256:
+/// Most output pixels in one tile (GEMM width); the whole tile of the dense (channel-major) path. 512 rather than 256:
 /// matrixmultiply repacks `weightᵀ` for every tile, and on W4 packing was 12% of the backward
 /// at 256 (1 thread; the machine was too contended to resolve 512 vs 1024).
 pub(crate) const TILE_PIXELS: usize = 512;
 
-/// Bytes of column gradient per tile the pixel-major path aims for (its tile is at most
+/// Bytes of `f32` column gradient per tile the deformable (pixel-major) path aims for (its tile is at most
 /// [`TILE_PIXELS`] and at least [`MIN_TILE_PIXELS`] wide), so that the fused pass streams
 /// `gcol` and `cols` while they are still in L2. Measured on W4 (`f32`, 1 thread, one run):
 /// backward 123 ms at 512 pixels (4.5 MiB), 112 at 256, 100 at 128, 104 at 64; W2 (2 threads)
@@ -91,7 +91,8 @@ pub(crate) struct Segment {
 /// The fixed decomposition of one problem.
 #[derive(Debug, Clone)]
 pub(crate) struct Plan {
-    /// Planned for the pixel-major path (narrower tiles, tap-major weight partials).
+    /// Planned for the pixel-major path of deformable problems (narrower tiles, tap-major
+    /// weight partials).
     pub(crate) pixel_major: bool,
     pub(crate) groups: Vec<ImageGroup>,
     pub(crate) slots: usize,

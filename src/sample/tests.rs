@@ -4,7 +4,7 @@
 use super::*;
 
 // The coordinate derivatives as a definition, for the tests: the kernels compute them on
-// padded planes (`kernels::coord`, `kernels::channel_backward`), pinned to these bit for
+// padded planes (`kernels::channel_backward`; `kernels::taps`' tests pin them), pinned to these bit for
 // bit, and these are checked against the reference below.
 
 /// The four corner values, 0 for corners outside the plane.

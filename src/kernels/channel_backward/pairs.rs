@@ -13,8 +13,8 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::CellShape;
+use super::SampleOut;
 use crate::kernels::columns::TapColumns;
-use crate::kernels::coord::SampleOut;
 
 /// `[a | b]`: the low 8 lanes `a`, the high 8 `b`.
 #[target_feature(enable = "avx512f")]

@@ -1,21 +1,20 @@
-//! The fused pass against the channel-major kernels, and its lane sums, on every backend.
+//! The fused pass against its definition, and its lane sums, on every backend.
 
 use super::*;
-use crate::kernels::col2im::{scatter, TileShape};
-use crate::kernels::coord::{sample_gradients, SampleWant};
-use crate::kernels::taps::PlaneLayout;
+use crate::kernels::taps::{PlaneLayout, Tap};
 
 /// Outputs of one pass: grad planes (channel-major), dy, dx, mask, cols (channel-major).
 type Results = [Vec<f32>; 5];
 
-/// The fused pixel-major pass on every backend against the channel-major col2im + coord
-/// kernels on the same table (interior, border, outside, far-away, NaN and infinite
-/// samples), for segments starting at channel 3 of 37-channel cells with 24 channels (a
-/// full vector and a half-width one) and 34 (two full vectors and a masked tail), a tile
-/// that is not a multiple of 16, infinite masks, and every combination of outputs: `cols`
-/// bitwise, the reordered sums within a relative 1e-5 (NaN where the old kernels give NaN).
+/// The fused pixel-major pass on every backend against its definition written as plain loops
+/// over channel-major planes and the row table ([`by_definition`]), on a table of interior,
+/// border, outside, far-away, NaN and infinite samples, for segments starting at channel 3 of
+/// 37-channel cells with 24 channels (a full vector and a half-width one) and 34 (two full
+/// vectors and a masked tail), a tile that is not a multiple of 16, infinite masks, and every
+/// combination of outputs: `cols` bitwise, the reordered sums within a relative 1e-5 (NaN
+/// where the definition gives NaN).
 #[test]
-fn fused_pass_matches_the_channel_major_kernels() {
+fn fused_pass_matches_its_definition() {
     use crate::kernels::backend::tests::token;
     use crate::kernels::backend::{Isa, Portable, Scalar};
     fn on<B: Backend>(b: Option<B>, isa: Isa) {
@@ -154,30 +153,16 @@ fn fused_pass_case<B: Backend>(b: B, seg: std::ops::Range<usize>) {
                 vec![f32::NAN; count * k_taps * tile],
             ]
         };
-        let mut old = fresh();
-        let [grad, dy, dx, dm, cols] = &mut old;
-        let shape = TileShape {
-            channel_stride: stride,
+        let mut expected = fresh();
+        let cm = ChannelMajor {
+            planes: &planes,
+            stride,
             pitch: layout.pitch(),
-            tile,
-            taps: k_taps,
-            dense: false,
+            taps: &taps,
+            k_taps,
+            gcol: &gcol,
         };
-        if want.scatter {
-            scatter(grad, shape, &taps, &gcol, seg.clone());
-        }
-        let sample_want = SampleWant {
-            offset: want.offset,
-            mask: want.mask,
-            cols: want.cols,
-        };
-        let out = SampleOut {
-            dy,
-            dx,
-            mask: dm,
-            cols,
-        };
-        sample_gradients(&planes, shape, &taps, &gcol, seg.clone(), sample_want, out);
+        by_definition(&cm, seg.clone(), want, &mut expected);
 
         let mut new = fresh();
         let mut grad_pm = pm_of(&start);
@@ -222,7 +207,7 @@ fn fused_pass_case<B: Backend>(b: B, seg: std::ops::Range<usize>) {
             }
         }
         new[4] = cols_cm.clone();
-        for (which, (a, b)) in old.iter().zip(&new).enumerate() {
+        for (which, (a, b)) in expected.iter().zip(&new).enumerate() {
             for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
                 let same = if which == 4 {
                     x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
@@ -235,6 +220,71 @@ fn fused_pass_case<B: Backend>(b: B, seg: std::ops::Range<usize>) {
                     same,
                     "outputs {bits:04b}, result {which}, element {i}: {x} vs {y}"
                 );
+            }
+        }
+    }
+}
+
+/// A tile on channel-major planes: channel `c`'s planes at `planes[c * stride ..]`, the row
+/// table `taps[k * tile + q]` and `gcol[((c - seg.start) * K + k) * tile + q]`.
+struct ChannelMajor<'a> {
+    planes: &'a [f32],
+    stride: usize,
+    pitch: usize,
+    taps: &'a [Tap<f32>],
+    k_taps: usize,
+    gcol: &'a [f32],
+}
+
+/// What the fused pass computes, channel by channel in ascending order: for the sample `e` of
+/// tap `k` at pixel `q`, corner values `v` read at `e.gather`, `g = gcol[c, k, q]` and
+/// `B = ((w0 v0 + w1 v1) + w2 v2) + w3 v3` inside the window (0 outside),
+///
+/// ```text
+/// grad_c[e.scatter + corner] += (g m) w_corner      dy[k, q] += (g m) (lx (v11 - v01) + (1 - lx)(v10 - v00))
+/// mask[k, q] += g B                                 dx[k, q] += (g m) (ly (v11 - v10) + (1 - ly)(v01 - v00))
+/// cols[c, k, q] = m B
+/// ```
+fn by_definition(
+    t: &ChannelMajor<'_>,
+    seg: std::ops::Range<usize>,
+    want: Outputs,
+    out: &mut Results,
+) {
+    let [grad, dy, dx, dm, cols] = out;
+    let tile = t.taps.len() / t.k_taps;
+    let corners = [0, 1, t.pitch, t.pitch + 1];
+    for (ci, c) in seg.enumerate() {
+        let plane = &t.planes[c * t.stride..][..t.stride];
+        for (at, e) in t.taps.iter().enumerate() {
+            let (k, q) = (at / tile, at % tile);
+            let row = (ci * t.k_taps + k) * tile + q;
+            let g = t.gcol[row];
+            let v = corners.map(|d| plane[e.gather + d]);
+            let bil = if e.inside {
+                e.weights[0] * v[0]
+                    + e.weights[1] * v[1]
+                    + e.weights[2] * v[2]
+                    + e.weights[3] * v[3]
+            } else {
+                0.0
+            };
+            if want.scatter {
+                for (d, w) in corners.iter().zip(e.weights) {
+                    grad[c * t.stride + e.scatter + d] += (g * e.m) * w;
+                }
+            }
+            if want.offset {
+                let wy = e.lx * (v[3] - v[1]) + (1.0 - e.lx) * (v[2] - v[0]);
+                let wx = e.ly * (v[3] - v[2]) + (1.0 - e.ly) * (v[1] - v[0]);
+                dy[at] += (g * e.m) * wy;
+                dx[at] += (g * e.m) * wx;
+            }
+            if want.mask {
+                dm[at] += g * bil;
+            }
+            if want.cols {
+                cols[row] = e.m * bil;
             }
         }
     }

@@ -160,7 +160,7 @@ enum Start<'a, T> {
 ///
 /// Where `C` is only written (the forward, the column gradient), each `B` panel meets every
 /// `A` micro-panel of a chunk of `A` rows before the next panel starts: a tall `A` (W4's
-/// column gradient in the channel-major path, 4.7 MB of packed `f64`) then streams from L3
+/// column gradient in the since-deleted channel-major `f64` path, 4.7 MB packed) then streams from L3
 /// once per depth block instead of once per `B` panel. Where `C` accumulates (the weight
 /// gradient's partials, read and written per tile), each `A` micro-panel meets every `B`
 /// panel of a chunk of `B` columns, so `C` is walked row after row. Measured on an Intel Xeon
