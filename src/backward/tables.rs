@@ -1,12 +1,13 @@
 //! A task's sampling table for one tile, `[k][tile column]`: for a deformable problem the
-//! columns the fused pass reads ([`TapColumns`]), built straight into columns under
-//! torchvision's convention and through the row table ([`Tap`]) otherwise; for a dense one,
-//! each sample's cell.
+//! columns the fused pass reads ([`TapColumns`]), a vector of pixels at a time under
+//! torchvision's convention and entry by entry through the row form ([`Tap`]) otherwise; for
+//! a dense one, each sample's cell.
 
 use super::operands::Scope;
 use super::plan::{ImageGroup, Piece};
 use crate::convention::Convention;
 use crate::float::Float;
+use crate::kernels::backend::with_features;
 use crate::kernels::columns::TapColumns;
 use crate::kernels::dense_backward;
 use crate::kernels::locate::{fill_columns, ColumnRun, LIMIT, MAX_PLANE};
@@ -100,22 +101,33 @@ impl<T: Float> Scope<'_, '_, T> {
         columns.finish();
     }
 
-    /// The deformable tile's row table `[k][tile column]`, under the problem's convention.
+    /// The deformable tile's table `[k][tile column]` under the problem's convention, entry by
+    /// entry through the row form ([`Tap::with_rule`]): the conventions and positions
+    /// [`Scope::build_columns`] does not take.
     #[inline(never)]
     pub(super) fn build_taps(
         &self,
         group: &ImageGroup,
         tile: &[Piece],
         width: usize,
-        taps: &mut Vec<Tap<T>>,
+        columns: &mut TapColumns<T>,
     ) {
-        // One monomorphised build per convention: torchvision's is the code it always was.
+        // One monomorphised build per convention, compiled with the backend's features
+        // (`floor` one instruction instead of a library call; W1: the table build was a
+        // quarter of the backward).
         match self.ops.convention {
-            Convention::Torchvision => {
-                self.build_taps_for::<TorchvisionRule>(group, tile, width, taps)
-            }
-            Convention::Mmcv => self.build_taps_for::<MmcvRule>(group, tile, width, taps),
-            Convention::DcnV1 => self.build_taps_for::<DcnV1Rule>(group, tile, width, taps),
+            Convention::Torchvision => with_features(
+                #[inline(always)]
+                || self.build_taps_for::<TorchvisionRule>(group, tile, width, columns),
+            ),
+            Convention::Mmcv => with_features(
+                #[inline(always)]
+                || self.build_taps_for::<MmcvRule>(group, tile, width, columns),
+            ),
+            Convention::DcnV1 => with_features(
+                #[inline(always)]
+                || self.build_taps_for::<DcnV1Rule>(group, tile, width, columns),
+            ),
         }
     }
 
@@ -157,55 +169,19 @@ impl<T: Float> Scope<'_, '_, T> {
     }
 
     #[inline(always)]
-    pub(super) fn build_taps_for<R: Rule>(
+    fn build_taps_for<R: Rule>(
         &self,
         group: &ImageGroup,
         tile: &[Piece],
         width: usize,
-        taps: &mut Vec<Tap<T>>,
-    ) {
-        use crate::kernels::backend::isa;
-        #[cfg(target_arch = "x86_64")]
-        use crate::kernels::backend::Isa;
-        // Compiled for the best instruction set, `floor` becomes one instruction instead of a
-        // library call (W1: the table build was a quarter of the backward).
-        match isa() {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2 and FMA (or AVX-512, a superset here) were detected.
-            Isa::Avx2 | Isa::Avx512 => unsafe {
-                self.build_taps_avx2::<R>(group, tile, width, taps)
-            },
-            _ => self.build_taps_body::<R>(group, tile, width, taps),
-        }
-    }
-
-    /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn build_taps_avx2<R: Rule>(
-        &self,
-        group: &ImageGroup,
-        tile: &[Piece],
-        width: usize,
-        taps: &mut Vec<Tap<T>>,
-    ) {
-        self.build_taps_body::<R>(group, tile, width, taps)
-    }
-
-    #[inline(always)]
-    pub(super) fn build_taps_body<R: Rule>(
-        &self,
-        group: &ImageGroup,
-        tile: &[Piece],
-        width: usize,
-        taps: &mut Vec<Tap<T>>,
+        columns: &mut TapColumns<T>,
     ) {
         let g = self.g;
         let k_taps = g.taps();
         let hw = g.out_pixels();
         let plane_len = self.layout.len();
-        taps.clear();
+        columns.resize(k_taps * width);
+        let mut e = 0;
         for k in 0..k_taps {
             let (i, j) = (k / g.kw, k % g.kw);
             let ch = self.og * k_taps + k;
@@ -226,16 +202,13 @@ impl<T: Float> Scope<'_, '_, T> {
                         None => (T::ZERO, T::ZERO),
                     };
                     let m = self.ops.mask.map_or(T::ONE, |m| m[(n * mc + ch) * hw + p]);
-                    taps.push(Tap::with_rule::<R>(
-                        self.layout,
-                        plane0,
-                        (by, dy),
-                        (bx, dx),
-                        m,
-                    ));
+                    let tap = Tap::with_rule::<R>(self.layout, plane0, (by, dy), (bx, dx), m);
+                    columns.set(e, &tap);
+                    e += 1;
                 }
             }
         }
-        debug_assert_eq!(taps.len(), k_taps * width);
+        debug_assert_eq!(e, k_taps * width);
+        columns.finish();
     }
 }

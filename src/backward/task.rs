@@ -37,7 +37,7 @@ use crate::geometry::Geometry;
 use crate::kernels::channel_backward::SampleOut;
 use crate::kernels::columns::TapColumns;
 use crate::kernels::dense_backward::{self, DenseTile};
-use crate::kernels::taps::{PlaneLayout, Tap};
+use crate::kernels::taps::PlaneLayout;
 use crate::scratch;
 
 /// The scratch and fixed facts of one (slot, offset group) task.
@@ -116,7 +116,6 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         // Deformable: pixel-major planes and one fused pass per segment. Dense: channel-major
         // planes and a table of one cell per sample.
         let pixel_major = self.s.pixel_major;
-        let mut taps: Vec<Tap<T>> = Vec::new();
         let mut cells: Vec<usize> = Vec::new();
         // Torchvision tables are built straight into columns, a vector of pixels at a time
         // (the row table is not built at all).
@@ -153,8 +152,7 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                     self.s
                         .build_columns(group, tile, width, &mut columns, &mut pixel_bases);
                 } else {
-                    self.s.build_taps(group, tile, width, &mut taps);
-                    columns.fill(&taps);
+                    self.s.build_taps(group, tile, width, &mut columns);
                 }
                 let dense_tile = DenseTile {
                     channel_stride: self.plan.max_images * self.s.layout.len(),

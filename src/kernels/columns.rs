@@ -1,7 +1,7 @@
 //! The sampling table of a backward tile in column (structure-of-arrays) form, `[k][pixel]`
 //! per field: what the pixel-major pass ([`super::channel_backward`]) loads sixteen entries
-//! at a time. Filled from the row table ([`super::taps::Tap`]) or built directly by
-//! [`super::locate::fill_columns`].
+//! at a time. Written entry by entry from the row form ([`super::taps::Tap`]) or a vector
+//! of pixels at a time by [`super::locate::fill_columns`].
 
 use crate::float::Float;
 use crate::kernels::taps::Tap;
@@ -39,16 +39,8 @@ pub struct TapColumns<T> {
 
 impl<T: Float> TapColumns<T> {
     /// Refills the columns from `taps`.
-    ///
-    /// # Panics
-    /// If a base exceeds [`MAX_CELLS`] (the backward's validation and plan rule it out).
+    #[cfg(test)]
     pub(crate) fn fill(&mut self, taps: &[Tap<T>]) {
-        let max_base = taps
-            .iter()
-            .map(|t| t.gather.max(t.scatter))
-            .max()
-            .unwrap_or(0);
-        assert!(max_base <= MAX_CELLS, "sampling table base beyond i32");
         self.resize(taps.len());
         for (e, t) in taps.iter().enumerate() {
             self.set(e, t);
@@ -69,10 +61,16 @@ impl<T: Float> TapColumns<T> {
         self.inside.resize(entries, 0);
     }
 
-    /// Writes entry `e` from `t` (whose bases fit `i32`).
+    /// Writes entry `e` from `t`.
+    ///
+    /// # Panics
+    /// If a base exceeds [`MAX_CELLS`] (the backward's validation and plan rule it out).
     #[inline(always)]
     pub(crate) fn set(&mut self, e: usize, t: &Tap<T>) {
-        debug_assert!(t.gather <= i32::MAX as usize && t.scatter <= i32::MAX as usize);
+        assert!(
+            t.gather.max(t.scatter) <= MAX_CELLS,
+            "sampling table base beyond i32"
+        );
         self.gather[e] = t.gather as i32;
         self.scatter[e] = t.scatter as i32;
         for (col, &w) in self.weights.iter_mut().zip(&t.weights) {
