@@ -4,9 +4,12 @@
 //! GFLOP/s. Run it under `DEFORMCONV_ISA=avx512|avx2|portable|scalar` to compare backends.
 //! `DTYPE=f32|f64` runs one element type only; `PARTS=fwd,dense,bwd,dbwd` (any subset; `dbwd` is the dense backward) times only
 //! those parts (the others print as 0); `WANT=input,offset,mask,weight,bias` (any subset)
-//! times the backward of those gradients only.
+//! times the backward of those gradients only; `CONVENTION=mmcv|dcn_v1` samples by that
+//! convention instead of torchvision's.
 
-use deformconv::{conv2d, conv2d_backward, deform_conv2d, deform_conv2d_backward, Float, Want};
+use deformconv::{
+    conv2d, conv2d_backward, deform_conv2d, deform_conv2d_backward, Convention, Float, Want,
+};
 use ndarray::{Array1, Array4};
 use std::time::Instant;
 
@@ -35,7 +38,11 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
     );
     let mask = ops.mask.as_ref().map(cast::<T>);
     let bias: Option<Array1<T>> = ops.bias.as_ref().map(|b| b.mapv(|v| T::from_f64(v as f64)));
-    let p = wl.params();
+    let p = match std::env::var("CONVENTION").as_deref() {
+        Ok("mmcv") => wl.params().convention(Convention::Mmcv),
+        Ok("dcn_v1") => wl.params().convention(Convention::DcnV1),
+        _ => wl.params(),
+    };
     let gflop = wl.flops() / 1e9;
     let parts = std::env::var("PARTS").unwrap_or_default();
     let wants = |part: &str| parts.is_empty() || parts.split(',').any(|p| p == part);
