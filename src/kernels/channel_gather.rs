@@ -15,9 +15,8 @@
 
 use std::ops::Range;
 
-use super::gather::TapRow;
-use super::pixel_major::PixelImage;
-use super::TileRows;
+#[cfg(target_arch = "x86_64")]
+use super::{gather::TapRow, pixel_major::PixelImage, TileRows};
 
 /// The column-tile rows of one tap over a range of channels of one offset group: channel `c`
 /// goes to row `(c - first) * taps + k`.
@@ -46,8 +45,10 @@ impl ChannelRows {
 /// at most 8 channels.
 ///
 /// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k`
-/// (non-negative indices below `image.zero_pixel`).
+/// (non-negative indices below `image.zero_pixel`); `Avx512` proves the CPU's features.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn interpolate_tap(
+    _: super::backend::Avx512,
     image: PixelImage<'_, f32>,
     rows: ChannelRows,
     tap: &TapRow<'_, f32>,
@@ -75,27 +76,15 @@ pub(crate) fn interpolate_tap(
     debug_assert!(tap.index.iter().all(|i| i[..len]
         .iter()
         .all(|&v| v < 0 || (v as usize) < image.zero_pixel)));
-    #[cfg(target_arch = "x86_64")]
-    if super::backend::isa() == super::backend::Isa::Avx512 {
-        // SAFETY: AVX-512F was detected; the bounds asserted above are the kernel's contract.
-        unsafe {
-            if rows.channels.len() == 8 {
-                x86::interpolate_tap_pairs::<true>(image, rows, tap, len, out)
-            } else {
-                x86::interpolate_tap_pairs::<false>(image, rows, tap, len, out)
-            }
-        };
-        return;
+    // SAFETY: the `Avx512` value proves AVX-512F; the bounds asserted above are the kernel's
+    // contract.
+    unsafe {
+        if rows.channels.len() == 8 {
+            x86::interpolate_tap_pairs::<true>(image, rows, tap, len, out)
+        } else {
+            x86::interpolate_tap_pairs::<false>(image, rows, tap, len, out)
+        }
     }
-    // Not reached from the gather (it calls this on AVX-512 only); the same bits anyway.
-    super::channel_lanes::interpolate_tap(
-        super::backend::Scalar::new(),
-        image,
-        rows,
-        tap,
-        len,
-        out,
-    );
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -434,9 +423,10 @@ mod tests {
         dispatched::<f64>();
     }
 
-    /// The generic kernel on backend `b`, in `f32` and `f64` (a missing backend is skipped,
-    /// or fails when `DEFORMCONV_EXPECT_ISA` names it).
-    fn generic_on<B: Backend>(b: Option<B>, isa: Isa) {
+    /// The gather on backend `b` (on AVX-512, the paired kernel for at most 8 `f32`
+    /// channels), in `f32` and `f64` (a missing backend is skipped, or fails when
+    /// `DEFORMCONV_EXPECT_ISA` names it).
+    fn gather_on<B: Backend>(b: Option<B>, isa: Isa) {
         let Some(b) = token(b, isa) else {
             return;
         };
@@ -453,24 +443,24 @@ mod tests {
     }
 
     #[test]
-    fn generic_equals_the_definition_on_scalar() {
-        generic_on(Some(Scalar::new()), Isa::Scalar);
+    fn equals_the_definition_on_scalar() {
+        gather_on(Some(Scalar::new()), Isa::Scalar);
     }
 
     #[test]
-    fn generic_equals_the_definition_on_portable() {
-        generic_on(Some(Portable::new()), Isa::Portable);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn generic_equals_the_definition_on_avx2() {
-        generic_on(crate::kernels::backend::Avx2::new(), Isa::Avx2);
+    fn equals_the_definition_on_portable() {
+        gather_on(Some(Portable::new()), Isa::Portable);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn generic_equals_the_definition_on_avx512() {
-        generic_on(crate::kernels::backend::Avx512::new(), Isa::Avx512);
+    fn equals_the_definition_on_avx2() {
+        gather_on(crate::kernels::backend::Avx2::new(), Isa::Avx2);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn equals_the_definition_on_avx512() {
+        gather_on(crate::kernels::backend::Avx512::new(), Isa::Avx512);
     }
 }

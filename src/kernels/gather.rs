@@ -2,7 +2,7 @@
 //! `(tap, pixel)` and reused for every channel of the offset group.
 
 use super::backend::{self, Backend, WithBackend};
-use super::channel_gather::{self, ChannelRows};
+use super::channel_gather::ChannelRows;
 use super::channel_lanes;
 use super::pixel_major::{PixelImage, PixelMajor};
 use super::{Source, TileRows, TileSpan};
@@ -244,15 +244,6 @@ impl<T: Float> SampleTable<T> {
             mask: &self.mask,
         }
     }
-
-    /// The built table as an `f32` table, when `T` is `f32`.
-    fn view_f32(&self) -> Option<TableView<'_, f32>> {
-        Some(TableView {
-            index: &self.index,
-            weight: T::as_f32(&self.weight)?,
-            mask: T::as_f32(&self.mask)?,
-        })
-    }
 }
 
 /// One tap's row of a built [`SampleTable`]: what the gathers read.
@@ -277,7 +268,17 @@ struct TableView<'a, T> {
     mask: &'a [T],
 }
 
-impl<'a, T> TableView<'a, T> {
+impl<'a, T: Float> TableView<'a, T> {
+    /// The table as an `f32` table, when `T` is `f32`.
+    #[cfg(target_arch = "x86_64")]
+    fn as_f32(self) -> Option<TableView<'a, f32>> {
+        Some(TableView {
+            index: self.index,
+            weight: T::as_f32(self.weight)?,
+            mask: T::as_f32(self.mask)?,
+        })
+    }
+
     /// The entries of tap `k` (of a table built for `len` pixels).
     fn tap_row(self, k: usize, len: usize, has_mask: bool) -> TapRow<'a, T> {
         let entries = self.index.len() / 4;
@@ -307,13 +308,13 @@ pub(crate) fn gather_columns<T: Float>(
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
 ) {
-    gather_with::<T, true>(src, offset, span, out, table, images, |t| {
+    gather_with(src, offset, span, out, table, images, |t| {
         backend::dispatch(t)
     });
 }
 
 /// [`gather_columns`] with every offset group's channels filled by `kernel` (for the tests:
-/// the generic gather on a chosen backend, `|t| b.vectorize(t)`, or [`by_definition`]).
+/// the gather on a chosen backend, `|t| b.vectorize(t)`, or [`by_definition`]).
 #[cfg(test)]
 pub(crate) fn columns_with<T: Float>(
     src: &Source<'_, T>,
@@ -324,7 +325,7 @@ pub(crate) fn columns_with<T: Float>(
     images: &PixelMajor<T>,
     kernel: impl FnMut(ChannelTaps<'_, T>),
 ) {
-    gather_with::<T, false>(src, offset, span, out, table, images, kernel);
+    gather_with(src, offset, span, out, table, images, kernel);
 }
 
 /// The channels of [`ChannelTaps`] by plain scalar loops over its table and the NCHW input of
@@ -358,16 +359,15 @@ pub(crate) fn by_definition<'s, T: Float>(
     }
 }
 
-/// [`gather_columns`]' loop; `TUNED`: may use the AVX-512 `f32` kernel; `generic`: every other
-/// offset group's channels.
-fn gather_with<T: Float, const TUNED: bool>(
+/// [`gather_columns`]' loop: one table per offset group, whose channels `kernel` fills.
+fn gather_with<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
     out: TileRows<'_, T>,
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
-    mut generic: impl FnMut(ChannelTaps<'_, T>),
+    mut kernel: impl FnMut(ChannelTaps<'_, T>),
 ) {
     let TileSpan {
         image,
@@ -388,46 +388,25 @@ fn gather_with<T: Float, const TUNED: bool>(
         let og = c / per_og;
         let chunk_end = c_hi.min((og + 1) * per_og);
         table.build(src, offset, image, og, start, len);
-        // The paired AVX-512 `f32` kernel for at most 8 channels, else the generic one.
-        let tuned_image = Some(images.image(image))
-            .filter(|_| TUNED && backend::isa() == backend::Isa::Avx512 && chunk_end - c <= 8)
-            .and_then(PixelImage::as_f32);
-        if let (Some(pixel_image), Some(table), Some(cols)) =
-            (tuned_image, table.view_f32(), T::as_f32_mut(&mut *cols))
-        {
-            for k in 0..taps {
-                let tap = table.tap_row(k, len, src.mask.is_some());
-                let rows = ChannelRows {
-                    channels: c..chunk_end,
-                    first: c_lo,
-                    taps,
-                    k,
-                };
-                let out = TileRows {
-                    cols: &mut *cols,
-                    ld,
-                };
-                channel_gather::interpolate_tap(pixel_image, rows, &tap, len, out);
-            }
-        } else {
-            generic(ChannelTaps {
-                table: table.view(),
-                image: images.image(image),
-                channels: c..chunk_end,
-                first: c_lo,
-                taps,
-                len,
-                has_mask: src.mask.is_some(),
-                cols: &mut *cols,
-                ld,
-            });
-        }
+        kernel(ChannelTaps {
+            table: table.view(),
+            image: images.image(image),
+            channels: c..chunk_end,
+            first: c_lo,
+            taps,
+            len,
+            has_mask: src.mask.is_some(),
+            cols: &mut *cols,
+            ld,
+        });
         c = chunk_end;
     }
 }
 
-/// Every tap's rows of consecutive channels of one offset group by the generic channel gather
-/// ([`channel_lanes::interpolate_tap`]) on the backend of the call.
+/// Every tap's rows of consecutive channels of one offset group, on the backend of the call:
+/// in `f32` on AVX-512 with at most 8 channels by the paired kernel
+/// ([`super::channel_gather::interpolate_tap`]), else by the generic one
+/// ([`channel_lanes::interpolate_tap`]).
 pub(crate) struct ChannelTaps<'a, T> {
     table: TableView<'a, T>,
     image: PixelImage<'a, T>,
@@ -445,6 +424,32 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
 
     #[inline(always)]
     fn run<B: Backend>(self, b: B) {
+        #[cfg(target_arch = "x86_64")]
+        if B::ISA == backend::Isa::Avx512 && self.channels.len() <= 8 {
+            let (image, table) = (self.image.as_f32(), self.table.as_f32());
+            if let (Some(image), Some(table), Some(cols)) = (image, table, T::as_f32_mut(self.cols))
+            {
+                // SAFETY: a backend value of ISA Avx512 exists only where AVX-512F was detected.
+                let avx512 = unsafe { backend::Avx512::new_unchecked() };
+                for k in 0..self.taps {
+                    let tap = table.tap_row(k, self.len, self.has_mask);
+                    let rows = ChannelRows {
+                        channels: self.channels.clone(),
+                        first: self.first,
+                        taps: self.taps,
+                        k,
+                    };
+                    let out = TileRows {
+                        cols: &mut *cols,
+                        ld: self.ld,
+                    };
+                    super::channel_gather::interpolate_tap(
+                        avx512, image, rows, &tap, self.len, out,
+                    );
+                }
+                return;
+            }
+        }
         for k in 0..self.taps {
             let tap = self.table.tap_row(k, self.len, self.has_mask);
             let rows = ChannelRows {

@@ -166,7 +166,8 @@ pub(crate) struct PixelImage<'a, T> {
 }
 
 impl<'a, T: Element> PixelImage<'a, T> {
-    /// The image as an `f32` image, when `T` is `f32`.
+    /// The image as an `f32` image, when `T` is `f32` (for the AVX-512 paired gather).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn as_f32(self) -> Option<PixelImage<'a, f32>> {
         Some(PixelImage {
             values: T::as_f32(self.values)?,
