@@ -10,10 +10,14 @@
 //! ```
 //!
 //! A padding sample's additions land in the border, which is never copied out. The deformable
-//! backward runs pixel-major instead ([`super::channel_backward`]): measured on an AMD Zen 3
-//! (`isa_probe`, 2 threads, `f32`, min of 3 alternating rounds), the dense backward on
-//! pixel-major planes lost on every backend: AVX2 W1 1.29 -> 1.41 ms, W2 63.8 -> 68.6 ms;
-//! portable W1 1.38 -> 1.71, W2 59.4 -> 82.1; scalar W2 63.1 -> 82.8.
+//! backward runs pixel-major instead ([`super::channel_backward`]). The dense one stays
+//! channel-major because pixel-major lost, measured on an AMD Zen 3 (`isa_probe PARTS=dbwd`,
+//! 2 threads, `f32`, min of 2-3 alternating rounds, channel-major -> pixel-major, ms):
+//! - through the deformable fused pass: AVX2 W1 1.29 -> 1.41, W2 63.8 -> 68.6; portable W1
+//!   1.38 -> 1.71, W2 59.4 -> 82.1; scalar W2 63.1 -> 82.8;
+//! - with these two loops written pixel-major (a copy or add of a cell's channels per sample):
+//!   AVX2 W1 1.59 -> 1.52, W2 81.1 -> 79.6, W4 149 -> 161; portable W1 1.38 -> 1.57, W2 66.5
+//!   -> 89.8, W4 165 -> 186.
 
 use std::ops::Range;
 
