@@ -201,7 +201,11 @@ impl<T: Float> Scope<'_, '_, T> {
                         ),
                         None => (T::ZERO, T::ZERO),
                     };
-                    let m = self.ops.mask.map_or(T::ONE, |m| m[(n * mc + ch) * hw + p]);
+                    // `match`, not `map_or`: a closure left out of line loses the features.
+                    let m = match self.ops.mask {
+                        Some(m) => m[(n * mc + ch) * hw + p],
+                        None => T::ONE,
+                    };
                     let tap = Tap::with_rule::<R>(self.layout, plane0, (by, dy), (bx, dx), m);
                     columns.set(e, &tap);
                     e += 1;

@@ -154,12 +154,6 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                 } else {
                     self.s.build_taps(group, tile, width, &mut columns);
                 }
-                let dense_tile = DenseTile {
-                    channel_stride: self.plan.max_images * self.s.layout.len(),
-                    tile: width,
-                    taps: k_taps,
-                    cells: &cells,
-                };
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);
                     acc_dx[..k_taps * width].fill(T::ZERO);
@@ -191,6 +185,12 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
                         self.fused_pass(planes, width, &columns, &gcol, local.clone(), out);
                     } else {
                         // Dense: no offset or mask gradient.
+                        let dense_tile = DenseTile {
+                            channel_stride: self.plan.max_images * self.s.layout.len(),
+                            tile: width,
+                            taps: k_taps,
+                            cells: &cells,
+                        };
                         if needs.input {
                             let gcol = &gcol[..rows * width];
                             dense_backward::scatter(
