@@ -15,14 +15,15 @@
 //! **Workspace** per concurrently running tile: a column tile of
 //! `C_in/groups * kh * kw * len` elements with `len` chosen to keep it near 1 MiB (at least 48
 //! pixels: `max(1 MiB, 48 * C_in/groups * kh * kw * size_of::<T>())`), a sampling table of
-//! `kh * kw * len * (5 * size_of::<T>() + 16)` bytes for the deformable gather, the GEMM's
+//! `kh * kw * len * (5 * size_of::<T>() + 4)` bytes for the deformable gather, the GEMM's
 //! packed block (`256 * len` elements at most) and, for tiles spanning images, an output block
 //! of `C_out/groups * len` elements; once per call, the packed weight (its own size, `f32` on
-//! AVX-512) and, for the deformable gather, pixel-major copies of the images being worked on,
-//! `(H*W + 1) * C_in` elements each, at most 16 MiB of them at once (or one image, if larger).
-//! None of it grows with the batch size. Views that are not in standard (C-contiguous) layout
-//! are first copied to it, and an `_into` output that is not in standard layout is computed
-//! into a temporary of its size and then assigned.
+//! AVX-512) and, for the deformable gather, pixel-major copies of the images being worked on
+//! on zero-bordered cells, `(H + 2) * (W + 2) * C_in` elements each (`W + 3` under DCN v1),
+//! at most 16 MiB of them at once (or one image, if larger). None of it grows with the batch
+//! size. Views that are not in standard (C-contiguous) layout are first copied to it, and an
+//! `_into` output that is not in standard layout is computed into a temporary of its size and
+//! then assigned.
 //!
 //! **Non-finite values** follow the reference: NaN in an offset gives a NaN sample (so NaN
 //! outputs for its channels' outputs); infinite offsets sample outside the image (0); NaN or
@@ -38,6 +39,7 @@ use crate::geometry::{checked_elements, try_zeros, Geometry};
 use crate::kernels::gather::SampleTable;
 use crate::kernels::gemm::{GemmScratch, MatB, MatC, TileGemm};
 use crate::kernels::pixel_major::PixelMajor;
+use crate::kernels::taps::PlaneLayout;
 use crate::kernels::{fill_columns, Source, TileRows, TileSpan};
 use crate::params::ConvParams;
 use crate::plan::forward as plan;
@@ -63,12 +65,12 @@ fn deform_geometry<T: Float>(
     if let Some(b) = bias {
         geo.check_bias(b.len())?;
     }
-    // The gather addresses a channel plane with 32-bit corner indices.
-    let plane_fits = matches!(geo.h.checked_mul(geo.w), Some(hw) if hw <= i32::MAX as usize);
-    if !plane_fits {
+    // The gather addresses the padded cells of a plane with 32-bit indices.
+    if !crate::kernels::gather::fits_cells(&geo) {
         return Err(Error::TooLarge {
             what: format!(
-                "input plane of {} x {} pixels for the deformable gather (at most 2^31 - 1 pixels)",
+                "input plane of {} x {} pixels for the deformable gather (its padded cells, \
+                 (H + 2) x (W + 3), at most 2^31 - 1)",
                 geo.h, geo.w
             ),
         });
@@ -249,8 +251,9 @@ fn run_in_pool<T: Float>(
     // `chunked_pixel_major_copies_change_no_bits` checks it on each cap). The dense im2col
     // runs the whole batch as one chunk.
     let channel_gather_input = Some(src.input).filter(|_| src.offset.is_some());
+    let layout = PlaneLayout::for_convention(src.convention, geo.h, geo.w);
     let chunk_images = if channel_gather_input.is_some() {
-        PixelMajor::<T>::images_per_chunk(geo.c_in, geo.h * geo.w)
+        PixelMajor::<T>::images_per_chunk(geo.c_in, layout.len())
     } else {
         geo.n
     };
@@ -263,7 +266,7 @@ fn run_in_pool<T: Float>(
                 first_image,
                 images_end - first_image,
                 geo.c_in,
-                geo.h * geo.w,
+                layout,
             )?;
             Some(&pixel_major)
         } else {

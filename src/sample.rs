@@ -16,8 +16,9 @@
 //! state them once more on plain planes (`tests::coordinate_weights_in`) and pin the two.
 //!
 //! Other conventions ([`Convention`]) go through [`locate_in`]; for
-//! [`Convention::Torchvision`] it is exactly [`locate`]. The forward gather's flat forms are [`locate_flat`] (torchvision, mmcv) and
-//! [`locate_flat_clamped`] (DCN v1).
+//! [`Convention::Torchvision`] it is exactly [`locate`]. Both tables, the forward's and the
+//! backward's, are built from these by `kernels::taps::Tap::with_rule` (and its vector form
+//! in `kernels::locate`).
 
 use crate::convention::Convention;
 use crate::float::Float;
@@ -125,111 +126,6 @@ pub(crate) fn locate<T: Float>(
     } else {
         Sample::Outside
     }
-}
-
-/// [`locate`] in the flat form the gather table stores: corner offsets `row * W + col` in the
-/// order of [`Corners::index`] (`-1` for a corner outside the plane) and the corner weights.
-/// An outside sample gives no corners and zero weights, a NaN sample no corners and NaN
-/// weights. Same rule and same values as [`locate`] (tested below), but with no enum and few
-/// branches, so that it compiles to straight-line code in the gather's hot loop; offsets of
-/// magnitude `2^22` or more (and NaN) take [`locate`] itself.
-#[inline(always)]
-pub(crate) fn locate_flat<T: Float>(
-    base_y: isize,
-    dy: T,
-    base_x: isize,
-    dx: T,
-    h: usize,
-    w: usize,
-) -> ([isize; 4], [T; 4]) {
-    let limit = T::from_usize(1 << 22);
-    if !(dy.abs() < limit && dx.abs() < limit) {
-        return match locate(base_y, dy, base_x, dx, h, w) {
-            Sample::Inside(c) => (
-                [0, 1, 2, 3].map(|t| if c.valid[t] { c.index[t] as isize } else { -1 }),
-                c.weights(),
-            ),
-            Sample::Outside => ([-1; 4], [T::ZERO; 4]),
-            Sample::Nan => ([-1; 4], [T::from_f64(f64::NAN); 4]),
-        };
-    }
-    // |d| < 2^22: `split` would not clamp, so this is the same split, inline.
-    let (fy, fx) = (dy.floor(), dx.floor());
-    let (ly, lx) = (dy - fy, dx - fx);
-    let (hy, hx) = ((fy + T::ONE) - dy, (fx + T::ONE) - dx);
-    let y0 = base_y + fy.to_f64() as isize;
-    let x0 = base_x + fx.to_f64() as isize;
-    let (hi, wi) = (h as isize, w as isize);
-    let inside = (y0 >= 0 || (y0 == -1 && ly > T::ZERO))
-        && (x0 >= 0 || (x0 == -1 && lx > T::ZERO))
-        && y0 < hi
-        && x0 < wi;
-    if !inside {
-        return ([-1; 4], [T::ZERO; 4]);
-    }
-    let (vy0, vy1, vx0, vx1) = (y0 >= 0, y0 + 1 < hi, x0 >= 0, x0 + 1 < wi);
-    let at = |ok: bool, i: isize| if ok { i } else { -1 };
-    let base = y0 * wi + x0;
-    (
-        [
-            at(vy0 && vx0, base),
-            at(vy0 && vx1, base + 1),
-            at(vy1 && vx0, base + wi),
-            at(vy1 && vx1, base + wi + 1),
-        ],
-        [hy * hx, hy * lx, ly * hx, ly * lx],
-    )
-}
-
-/// [`locate_in`] for [`Convention::DcnV1`] in the flat form of [`locate_flat`]: window
-/// `0 <= p < size` on both axes; on an axis whose `floor(p)` is the last row (column) the
-/// second corner repeats the first (`index[2..4] == index[0..2]`, resp. `index[1] == index[0]`,
-/// `index[3] == index[2]`) with fraction 0, so its weight is 0. Every corner of a counting
-/// sample is inside the plane (no `-1`). Same values as [`locate_in`] bit for bit (tested
-/// below); offsets of magnitude `2^22` or more (and NaN) take [`locate_in`] itself.
-#[inline(always)]
-pub(crate) fn locate_flat_clamped<T: Float>(
-    base_y: isize,
-    dy: T,
-    base_x: isize,
-    dx: T,
-    h: usize,
-    w: usize,
-) -> ([isize; 4], [T; 4]) {
-    let limit = T::from_usize(1 << 22);
-    if !(dy.abs() < limit && dx.abs() < limit) {
-        return match locate_clamped(base_y, dy, base_x, dx, h, w) {
-            Sample::Inside(c) => (c.index.map(|i| i as isize), c.weights()),
-            Sample::Outside => ([-1; 4], [T::ZERO; 4]),
-            Sample::Nan => ([-1; 4], [T::from_f64(f64::NAN); 4]),
-        };
-    }
-    // |d| < 2^22: `split` would not clamp, so this is the same split, inline.
-    let (fy, fx) = (dy.floor(), dx.floor());
-    let y0 = base_y + fy.to_f64() as isize;
-    let x0 = base_x + fx.to_f64() as isize;
-    let (hi, wi) = (h as isize, w as isize);
-    // p >= 0  <=>  floor(p) >= 0;  p < size  <=>  floor(p) < size.
-    if !(y0 >= 0 && y0 < hi && x0 >= 0 && x0 < wi) {
-        return ([-1; 4], [T::ZERO; 4]);
-    }
-    // On the last row (column) the fraction becomes 0, its complement 1 and the second
-    // corner steps by 0 instead of one row (column).
-    let (ly, hy, step_y) = if y0 == hi - 1 {
-        (T::ZERO, T::ONE, 0)
-    } else {
-        (dy - fy, (fy + T::ONE) - dy, wi)
-    };
-    let (lx, hx, step_x) = if x0 == wi - 1 {
-        (T::ZERO, T::ONE, 0)
-    } else {
-        (dx - fx, (fx + T::ONE) - dx, 1)
-    };
-    let base = y0 * wi + x0;
-    (
-        [base, base + step_x, base + step_y, base + step_y + step_x],
-        [hy * hx, hy * lx, ly * hx, ly * lx],
-    )
 }
 
 /// Corners of the sample at `(base_y + dy, base_x + dx)` with no window cut-off (used directly

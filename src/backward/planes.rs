@@ -49,7 +49,7 @@ impl<T: Float> Scope<'_, '_, T> {
                         }
                     }
                 }
-                l.replicate_border(plane);
+                l.replicate_border(plane, 1);
                 copies += 1;
             }
         }
@@ -90,16 +90,7 @@ impl<T: Float> Scope<'_, '_, T> {
                     cells[l.index(r as isize, x as isize) * cpo + c] = v;
                 }
             }
-            if l.is_replicated() && l.h > 0 && l.w > 0 {
-                // The border of `PlaneLayout::replicate_border`, a cell (all channels) at a time.
-                let (h, w) = (l.h as isize, l.w as isize);
-                for r in 0..h {
-                    let from = l.index(r, w - 1) * cpo;
-                    cells.copy_within(from..from + cpo, l.index(r, w) * cpo);
-                }
-                let (last, below) = (l.index(h - 1, 0) * cpo, l.index(h, 0) * cpo);
-                cells.copy_within(last..last + (l.w + 1) * cpo, below);
-            }
+            l.replicate_border(cells, cpo);
             copies += cpo;
         }
         copies

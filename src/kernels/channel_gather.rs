@@ -10,8 +10,8 @@
 //!
 //! Arithmetic: `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate multiplies and adds,
 //! the same operations in the same order as [`super::channel_lanes`], so the column tile is
-//! bit for bit the one the generic gather makes. A corner with no index reads the
-//! image's zero pixel, as the scalar code reads 0.
+//! bit for bit the one the generic gather makes; the corners are the table's cell and its
+//! neighbours on the padded image, as there.
 
 use std::ops::Range;
 
@@ -44,8 +44,9 @@ impl ChannelRows {
 /// `out.cols[((c - first) * taps + k) * out.ld + q] = m * B(channel c, sample (k, q))`, for
 /// at most 8 channels.
 ///
-/// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k`
-/// (non-negative indices below `image.zero_pixel`); `Avx512` proves the CPU's features.
+/// `image` is the sample's image pixel-major (at most `i32::MAX` values), `tap` the sampling
+/// table row of tap `k` (cells whose four corners lie in the image); `Avx512` proves the CPU's
+/// features.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn interpolate_tap(
     _: super::backend::Avx512,
@@ -61,7 +62,7 @@ pub(crate) fn interpolate_tap(
         "more than 8 channels for the paired gather"
     );
     assert!(
-        image.values.len() >= (image.zero_pixel + 1) * image.channels
+        image.values.len() <= i32::MAX as usize
             && channels.end <= image.channels
             && channels.start >= c_lo,
         "channel gather outside its image"
@@ -71,11 +72,11 @@ pub(crate) fn interpolate_tap(
             || out.cols.len() >= rows.row(channels.end - 1) * out.ld + len && len <= out.ld,
         "channel gather outside its column tile"
     );
-    assert!(tap.index.iter().all(|i| i.len() >= len) && tap.weight.iter().all(|w| w.len() >= len));
+    assert!(tap.cell.len() >= len && tap.weight.iter().all(|w| w.len() >= len));
     assert!(tap.mask.is_none_or(|m| m.len() >= len));
-    debug_assert!(tap.index.iter().all(|i| i[..len]
+    debug_assert!(tap.cell[..len]
         .iter()
-        .all(|&v| v < 0 || (v as usize) < image.zero_pixel)));
+        .all(|&v| v >= 0 && v as usize + image.pitch + 1 < image.cells()));
     // SAFETY: the `Avx512` value proves AVX-512F; the bounds asserted above are the kernel's
     // contract.
     unsafe {
@@ -169,7 +170,7 @@ mod x86 {
         let PixelImage {
             values: image,
             channels: c_in,
-            zero_pixel,
+            pitch,
         } = image;
         let ChannelRows {
             channels,
@@ -187,21 +188,28 @@ mod x86 {
         let out = cols.as_mut_ptr();
         let low = first_lanes(cw);
         let high = low << 8;
-        let zero_at = _mm512_set1_epi32((zero_pixel * c_in) as i32);
         let stride = _mm512_set1_epi32(c_in as i32);
+        // Element offsets of the four corners from the first: 0, 1, pitch, pitch + 1 cells
+        // (below `image.len() <= i32::MAX`, asserted by the caller).
+        let step = [0, c_in, pitch * c_in, (pitch + 1) * c_in].map(|d| _mm512_set1_epi32(d as i32));
         for q0 in (0..len).step_by(16) {
             let pw = 16.min(len - q0);
             let live = first_lanes(pw);
-            // Element offsets of the corners' pixels (the zero pixel for no corner; pixel 0
-            // for the lanes past `pw`, whose results are never stored) and the weights.
+            // Element offsets of the corners' cells (cell 0 for the lanes past `pw`, whose
+            // results are never stored) and the weights.
             let mut at = [[0i32; 16]; 4];
             let mut wt = [_mm512_setzero_ps(); 4];
+            // SAFETY: the live lanes q0 .. q0 + pw are inside the table row (len entries).
+            let first = unsafe {
+                _mm512_mullo_epi32(
+                    _mm512_maskz_loadu_epi32(live, tap.cell.as_ptr().add(q0)),
+                    stride,
+                )
+            };
             for t in 0..4 {
-                // SAFETY: the live lanes q0 .. q0 + pw are inside the table rows (len each).
+                // SAFETY: as above; `at[t]` holds 16 lanes.
                 unsafe {
-                    let i = _mm512_maskz_loadu_epi32(live, tap.index[t].as_ptr().add(q0));
-                    let outside = _mm512_cmplt_epi32_mask(i, _mm512_setzero_si512());
-                    let a = _mm512_mask_mov_epi32(_mm512_mullo_epi32(i, stride), outside, zero_at);
+                    let a = _mm512_add_epi32(first, step[t]);
                     _mm512_storeu_si512(at[t].as_mut_ptr().cast(), a);
                     wt[t] = _mm512_maskz_loadu_ps(live, tap.weight[t].as_ptr().add(q0));
                 }
@@ -234,8 +242,8 @@ mod x86 {
                         at[t][b] as usize + channels.start,
                     );
                     debug_assert!(pa + cw <= image.len() && pb + cw <= image.len());
-                    // Pixels at[t][_] are at most zero_pixel, so channels `channels` of each
-                    // lie in the image (caller's contract); the second load's pointer is
+                    // Cells at[t][_] lie in the image (the table's contract), so channels
+                    // `channels` of each lie in the image; the second load's pointer is
                     // formed by wrapping_sub and only its live lanes 8 .. 8 + cw (at pb) are read.
                     // SAFETY: as just said: every live lane lies inside `image`.
                     let v = unsafe {
@@ -288,6 +296,7 @@ mod tests {
     use crate::kernels::backend::{Backend, Isa, Portable, Scalar};
     use crate::kernels::gather::{by_definition, columns_with, gather_columns, SampleTable};
     use crate::kernels::pixel_major::PixelMajor;
+    use crate::kernels::taps::PlaneLayout;
     use crate::kernels::Source;
     use crate::kernels::{TileRows, TileSpan};
     use crate::params::ConvParams;
@@ -350,7 +359,8 @@ mod tests {
                     .map(|_| next())
                     .collect();
                 let mut images = PixelMajor::default();
-                images.fill(&input, 0, n, c_in, h * w).unwrap();
+                let layout = PlaneLayout::for_convention(convention, h, w);
+                images.fill(&input, 0, n, c_in, layout).unwrap();
                 for with_mask in [false, true] {
                     let src = Source {
                         geo: &geo,

@@ -30,8 +30,8 @@
 //!
 //! Arithmetic, per lane: `v = m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate
 //! multiplies and adds (the definition, which the tests compute with plain loops), so the
-//! column tile has the same bits on every backend. A corner with no index reads the image's
-//! zero pixel, where the definition reads 0.
+//! column tile has the same bits on every backend. The corners are the table's cell and its
+//! neighbours on the padded image ([`super::pixel_major`]): one index a sample.
 
 use super::backend::{Backend, Element, Lanes};
 use super::channel_gather::ChannelRows;
@@ -50,8 +50,8 @@ const STAGE: usize = 256;
 /// `out.cols[((c - first) * taps + k) * out.ld + q] = m * B(channel c, sample (k, q))`,
 /// `N = T::V::<B>::N` pixels a block.
 ///
-/// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k`
-/// (non-negative indices below `image.zero_pixel`, checked in debug builds). Mark the caller
+/// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k` (cells
+/// whose four corners lie in the image, checked in debug builds). Mark the caller
 /// `#[inline(always)]` under the backend's `vectorize`.
 ///
 /// # Panics
@@ -93,16 +93,15 @@ fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
     out: TileRows<'_, T>,
 ) {
     let n = <T::V<B> as Lanes<T, B>>::N;
+    let cells = image.cells();
     let PixelImage {
         values,
         channels: c_in,
-        zero_pixel,
+        pitch,
     } = image;
     let channels = rows.channels.clone();
     assert!(
-        values.len() >= (zero_pixel + 1) * c_in
-            && channels.end <= c_in
-            && channels.start >= rows.first,
+        channels.end <= c_in && channels.start >= rows.first,
         "channel gather outside its image"
     );
     let TileRows { cols, ld } = out;
@@ -110,13 +109,13 @@ fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
         channels.is_empty() || cols.len() >= rows.row(channels.end - 1) * ld + len && len <= ld,
         "channel gather outside its column tile"
     );
-    assert!(tap.index.iter().all(|i| i.len() >= len) && tap.weight.iter().all(|w| w.len() >= len));
+    assert!(tap.cell.len() >= len && tap.weight.iter().all(|w| w.len() >= len));
     assert!(tap.mask.is_none_or(|m| m.len() >= len));
     assert!(n <= 16);
-    debug_assert!(tap
-        .index
+    // Every entry's last corner, `cell + pitch + 1`, is a cell of the image.
+    debug_assert!(tap.cell[..len]
         .iter()
-        .all(|i| i[..len].iter().all(|&v| v < 0 || (v as usize) < zero_pixel)));
+        .all(|&v| v >= 0 && v as usize + pitch + 1 < cells));
     let zero = T::V::<B>::splat(b, T::default());
     let part_channels = STAGE / n * n;
     // stage[block * N + p]: channel block `block` of pixel `p`. Entries past the current
@@ -147,20 +146,19 @@ fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
             let pw = n.min(len - q0);
             for (p, slot) in block.iter_mut().enumerate().take(pw) {
                 let q = q0 + p;
-                // The element offset of each corner's pixel (the zero pixel for no corner).
-                let mut at = [0usize; 4];
+                // The element offset of each corner's cell.
+                // SAFETY: q < len, and every table row holds at least len entries (asserted).
+                let first = unsafe { *tap.cell.get_unchecked(q) } as usize * c_in;
+                let at = [
+                    first,
+                    first + c_in,
+                    first + pitch * c_in,
+                    first + (pitch + 1) * c_in,
+                ];
                 let mut w = [zero; 4];
-                for (t, (a, wt)) in at.iter_mut().zip(&mut w).enumerate() {
-                    // SAFETY: q < len, and every table row holds at least len entries
-                    // (asserted).
-                    let (i, weight) = unsafe {
-                        (
-                            *tap.index[t].get_unchecked(q),
-                            *tap.weight[t].get_unchecked(q),
-                        )
-                    };
-                    *a = if i < 0 { zero_pixel } else { i as usize } * c_in;
-                    *wt = T::V::<B>::splat(b, weight);
+                for (t, wt) in w.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *wt = T::V::<B>::splat(b, unsafe { *tap.weight[t].get_unchecked(q) });
                 }
                 // `match`, not `Option::map`: a closure left out of line loses the features.
                 #[allow(clippy::manual_map)]
@@ -177,9 +175,9 @@ fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
                         ($t:expr) => {{
                             debug_assert!(at[$t] + c0 + cw <= values.len());
                             let from = at[$t] + c0;
-                            // SAFETY: the pixel is at most zero_pixel and channels c0 .. c0 + cw
-                            // lie below channels.end <= c_in, so the values lie in the image
-                            // ((zero_pixel + 1) * c_in values, asserted).
+                            // SAFETY: the corner is a cell of the image (the table's contract,
+                            // checked in debug builds) and channels c0 .. c0 + cw lie below
+                            // channels.end <= c_in, so the values lie in the image.
                             let corner = unsafe { values.get_unchecked(from..from + cw) };
                             if FULL || cw == n {
                                 T::V::<B>::load(b, corner)

@@ -1,7 +1,8 @@
-//! Torchvision's sampling rule `N` samples at a time on the backend's vectors, for `f32` and
-//! `f64`, stated once ([`AxisRule`]) and written out in two forms: the forward's table
-//! ([`locate_row`], also mmcv's: [`crate::sample::locate_flat`] in vector form) and the
-//! backward's table in column form ([`fill_columns`]).
+//! The sampling rules `N` samples at a time on the backend's vectors, for `f32` and `f64`:
+//! [`Tap::with_rule`] in vector form. Torchvision's rule is stated once ([`AxisRule::new`])
+//! and written out in two forms, the forward's cells and weights ([`locate_row`], also mmcv's)
+//! and the backward's whole entry in column form ([`fill_columns`]); DCN v1's
+//! ([`AxisRule::clamped`]) serves the forward.
 //!
 //! Positions stay in `T`: the base coordinates, `floor` of the offsets and the corner offsets
 //! or cells are integers well inside `T`'s exact range (the callers keep bases below `2^22` and
@@ -16,9 +17,9 @@
 
 use super::backend::{Backend, Element, Lanes, WithBackend};
 use super::columns::TapColumns;
-use super::taps::{PlaneLayout, Tap, TorchvisionRule};
+use super::taps::{DcnV1Rule, PlaneLayout, Rule, Tap, TorchvisionRule};
+use crate::convention::Convention;
 use crate::float::Float;
-use crate::sample::locate_flat;
 
 /// Largest offset magnitude (exclusive) and base coordinate for the vector form.
 pub(crate) const LIMIT: usize = 1 << 22;
@@ -27,8 +28,7 @@ pub(crate) const LIMIT: usize = 1 << 22;
 /// Each side must also stay below [`LIMIT`].
 pub(crate) const MAX_PLANE: usize = 1 << 24;
 
-/// One axis of a row of samples: sample `q` sits at `base[q] + tap + offset[q]` on an axis of
-/// `size` pixels.
+/// One axis of a row of samples: sample `q` sits at `base[q] + tap + offset[q]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AxisSamples<'a, T> {
     /// The undeformed position of each pixel's kernel origin (an integer, `|base| < LIMIT`).
@@ -37,35 +37,42 @@ pub(crate) struct AxisSamples<'a, T> {
     pub tap: T,
     /// The learned offset of each sample.
     pub offset: &'a [T],
-    /// The plane's extent along the axis (`H` or `W`).
-    pub size: usize,
 }
 
-/// One tap's row of the table being built (all slices of the row's length).
+/// One tap's row of the forward's table being built (all slices of the row's length).
 pub(crate) struct RowOut<'a, T> {
-    /// Corner offsets `row * W + col` per corner, `-1` for none.
-    pub index: [&'a mut [i32]; 4],
+    /// First corner cell on the padded plane (the zero cells outside the window).
+    pub cell: &'a mut [i32],
     /// Corner weights per corner.
     pub weight: [&'a mut [T]; 4],
 }
 
 /// Fills `out` for the samples `(y.base[q] + y.tap + y.offset[q], x.base[q] + x.tap +
-/// x.offset[q])`, `q < len`, in a `y.size x x.size` plane, as [`locate_flat`] does, on the
-/// backend of [`super::backend::isa`].
+/// x.offset[q])`, `q < len`, on `layout`, as [`Tap::with_rule`] (`scatter` and `weights`)
+/// would for DCN v1 on the replicated layout and for torchvision (and mmcv) on the
+/// zero-bordered one, on the backend of [`super::backend::isa`].
 ///
 /// # Panics
 /// If a slice is shorter than `len`, or the plane or a base exceeds the limits above.
 pub(crate) fn locate_row<T: Float>(
+    layout: PlaneLayout,
     y: AxisSamples<'_, T>,
     x: AxisSamples<'_, T>,
     len: usize,
     out: RowOut<'_, T>,
 ) {
-    super::backend::dispatch(Row { y, x, len, out })
+    super::backend::dispatch(Row {
+        layout,
+        y,
+        x,
+        len,
+        out,
+    })
 }
 
 /// [`locate_row`]'s arguments, run on a backend.
 struct Row<'a, T> {
+    layout: PlaneLayout,
     y: AxisSamples<'a, T>,
     x: AxisSamples<'a, T>,
     len: usize,
@@ -77,13 +84,33 @@ impl<T: Float> WithBackend for Row<'_, T> {
 
     #[inline(always)]
     fn run<B: Backend>(self, b: B) {
-        let Row { y, x, len, out } = self;
-        let RowOut { index, weight } = out;
+        if self.layout.is_replicated() {
+            self.fill::<B, DcnV1Rule>(b)
+        } else {
+            self.fill::<B, TorchvisionRule>(b)
+        }
+    }
+}
+
+impl<T: Float> Row<'_, T> {
+    /// The row under rule `R`: DCN v1's on the replicated layout, else torchvision's (whose
+    /// cells and weights are mmcv's too).
+    #[inline(always)]
+    fn fill<B: Backend, R: Rule>(self, b: B) {
+        let Row {
+            layout,
+            y,
+            x,
+            len,
+            out,
+        } = self;
+        let RowOut { cell, mut weight } = out;
         assert!(y.base.len() >= len && x.base.len() >= len);
         assert!(y.offset.len() >= len && x.offset.len() >= len);
-        assert!(index.iter().all(|s| s.len() >= len) && weight.iter().all(|s| s.len() >= len));
-        assert!(y.size.checked_mul(x.size).is_some_and(|p| p < MAX_PLANE));
-        assert!(y.size < LIMIT && x.size < LIMIT);
+        assert!(cell.len() >= len && weight.iter().all(|s| s.len() >= len));
+        assert!(layout.len() < MAX_PLANE && layout.h.max(layout.w) < LIMIT);
+        let dcn_v1 = matches!(R::CONVENTION, Convention::DcnV1);
+        debug_assert_eq!(layout.is_replicated(), dcn_v1);
         let n = <T::V<B> as Lanes<T, B>>::N;
         // Macros, not closures: out of line a closure loses the backend's features.
         macro_rules! splat {
@@ -91,9 +118,16 @@ impl<T: Float> WithBackend for Row<'_, T> {
                 V::<B, T>::splat(b, $v)
             };
         }
-        let one = splat!(T::ONE);
-        let (hv, wv) = (splat!(T::from_usize(y.size)), splat!(T::from_usize(x.size)));
+        let zero = splat!(T::ZERO);
+        let (hv, wv) = (
+            splat!(T::from_usize(layout.h)),
+            splat!(T::from_usize(layout.w)),
+        );
         let (tap_y, tap_x) = (splat!(y.tap), splat!(x.tap));
+        let pitch = splat!(T::from_usize(layout.pitch()));
+        // index(y, x) = y * pitch + x + (pitch + 1).
+        let cell0 = splat!(T::from_usize(layout.pitch() + 1));
+        let zero_cell = splat!(T::from_usize(layout.zero_base()));
         // The closure in argument position, marked `#[inline(always)]`: out of line it would
         // lose the backend's features (see `WithBackend`).
         by_blocks::<T, B>(
@@ -104,12 +138,16 @@ impl<T: Float> WithBackend for Row<'_, T> {
             |q: usize, lanes: usize, vector: bool| {
                 if !vector {
                     for r in q..q + lanes {
-                        let by = (y.base[r] + y.tap).to_f64() as isize;
-                        let bx = (x.base[r] + x.tap).to_f64() as isize;
-                        let (c, wt) = locate_flat(by, y.offset[r], bx, x.offset[r], y.size, x.size);
-                        for t in 0..4 {
-                            index[t][r] = c[t] as i32;
-                            weight[t][r] = wt[t];
+                        let t = Tap::with_rule::<R>(
+                            layout,
+                            0,
+                            ((y.base[r] + y.tap).to_f64() as isize, y.offset[r]),
+                            ((x.base[r] + x.tap).to_f64() as isize, x.offset[r]),
+                            T::ONE,
+                        );
+                        cell[r] = t.scatter as i32;
+                        for (w, v) in weight.iter_mut().zip(t.weights) {
+                            w[r] = v;
                         }
                     }
                     return;
@@ -120,27 +158,27 @@ impl<T: Float> WithBackend for Row<'_, T> {
                     };
                 }
                 let (dy, dx) = (load!(y.offset), load!(x.offset));
-                let ry = AxisRule::new(b, load!(y.base).add(tap_y), dy, hv);
-                let rx = AxisRule::new(b, load!(x.base).add(tap_x), dx, wv);
+                let (base_y, base_x) = (load!(y.base).add(tap_y), load!(x.base).add(tap_x));
+                let (ry, rx) = if dcn_v1 {
+                    (
+                        AxisRule::clamped(b, base_y, dy, hv),
+                        AxisRule::clamped(b, base_x, dx, wv),
+                    )
+                } else {
+                    (
+                        AxisRule::new(b, base_y, dy, hv),
+                        AxisRule::new(b, base_x, dx, wv),
+                    )
+                };
                 let inside = ry.inside.mul(rx.inside);
-                let base = ry.floor.mul(wv).add(rx.floor);
-                let corners = [
-                    (ry.first.mul(rx.first), base),
-                    (ry.first.mul(rx.second), base.add(one)),
-                    (ry.second.mul(rx.first), base.add(wv)),
-                    (ry.second.mul(rx.second), base.add(wv).add(one)),
-                ];
+                // Exact where it is kept: cells below 2^24.
+                let at = ry.floor.mul(pitch).add(rx.floor).add(cell0);
+                zero.lt_select(inside, at, zero_cell)
+                    .store_i32(&mut cell[q..q + lanes]);
                 let weights = bilinear_weights(&ry, &rx);
-                for (t, (valid, at)) in corners.into_iter().enumerate() {
-                    // (at + 1) * ok - 1: the corner offset where it counts, else -1 (exact: both
-                    // are below 2^24 where ok is 1; finite times 0 elsewhere).
-                    let ok = valid.mul(inside);
-                    at.add(one)
-                        .mul(ok)
-                        .sub(one)
-                        .store_i32(&mut index[t][q..q + lanes]);
+                for (w, v) in weight.iter_mut().zip(weights) {
                     // Weights are at least 0, so an outside sample's are +0, as the scalar rule's.
-                    store_lanes(weights[t].mul(inside), &mut weight[t][q..q + lanes], n);
+                    store_lanes(v.mul(inside), &mut w[q..q + lanes], n);
                 }
             },
         );
@@ -347,10 +385,6 @@ struct AxisRule<V> {
     /// `-1 < p < size`: the sample counts along this axis (`floor(p) >= 0`, or `-1` with a
     /// nonzero fraction).
     inside: V,
-    /// `p >= 0`: the first corner is in the image.
-    first: V,
-    /// `p < size - 1`: the second corner is in the image.
-    second: V,
     /// `-1 <= p < size`: the corners lie in the image or its one-cell zero border.
     reach: V,
 }
@@ -370,9 +404,34 @@ impl<V> AxisRule<V> {
             low: d.sub(f),
             high: f.add(one).sub(d),
             inside: minus_one.sub(base).lt_select(d, one, zero).mul(below),
-            first: d.lt_select(zero.sub(base), zero, one),
-            second: d.lt_select(size.sub(one).sub(base), one, zero),
             reach: d.lt_select(minus_one.sub(base), zero, one).mul(below),
+        }
+    }
+
+    /// DCN v1's rule ([`Tap::with_rule`] for [`DcnV1Rule`]): the sample counts iff `0 <=
+    /// floor(p) < size`, and on the last row (column) its fraction is 0 and the complement 1,
+    /// formed as `low * 0` and `high * 0 + 1` there and `low * 1`, `high * 1 + 0` elsewhere
+    /// (the same bits: the fractions are finite). `reach` is `inside`.
+    #[inline(always)]
+    fn clamped<T: Float, B: Backend>(b: B, base: V, d: V, size: V) -> Self
+    where
+        V: Lanes<T, B>,
+    {
+        let (zero, one) = (V::splat(b, T::ZERO), V::splat(b, T::ONE));
+        let f = d.floor();
+        let above = f.lt_select(zero.sub(base), zero, one);
+        let below = f.lt_select(size.sub(base), one, zero);
+        let before_last = f.lt_select(size.sub(one).sub(base), one, zero);
+        // 1 on the last row (column), else 0.
+        let last = below.sub(before_last);
+        let keep = one.sub(last);
+        let inside = above.mul(below);
+        AxisRule {
+            floor: base.add(f),
+            low: d.sub(f).mul(keep),
+            high: f.add(one).sub(d).mul(keep).add(last),
+            inside,
+            reach: inside,
         }
     }
 }

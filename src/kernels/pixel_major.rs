@@ -2,15 +2,19 @@
 //! [`super::channel_gather`]), in `f32` or `f64`.
 //!
 //! An NCHW image keeps each channel's plane contiguous, so the `N` channels of one bilinear
-//! corner are `N` scattered loads (a hardware gather). Pixel-major, `[H*W + 1][C_in]`, puts the
+//! corner are `N` scattered loads (a hardware gather). Pixel-major, `[cell][C_in]`, puts the
 //! channels of a pixel side by side: one corner of `N` channels is one vector load. The copy
 //! costs one pass over the input per call; it is made for as many images at a time as fit
 //! [`PIXEL_MAJOR_BUDGET_BYTES`] (at least one), so it does not grow with the batch.
 //!
-//! The extra last pixel is all zeros: a corner outside the image reads it, so the gather has
-//! no branch per corner, and an infinite pixel inside the image never meets an outside corner.
+//! Each image is laid out on the padded cells of its convention's [`PlaneLayout`] (the
+//! backward's planes, `[cell][channel]`), so the four corners of any sample are `cell`,
+//! `cell + 1`, `cell + pitch` and `cell + pitch + 1`: the gather reads one cell index per
+//! sample and has no branch per corner, and a sample outside the window reads the zero cells
+//! ([`PlaneLayout::zero_base`]), so an infinite pixel inside the image never meets it.
 
 use super::backend::{dispatch, Backend, Element, Lanes, WithBackend};
+use super::taps::PlaneLayout;
 use crate::error::{Error, Result};
 use crate::Float;
 use rayon::prelude::*;
@@ -24,24 +28,24 @@ use rayon::prelude::*;
 /// way (53.0 -> 64.7 ms).
 pub(crate) const PIXEL_MAJOR_BUDGET_BYTES: usize = 16 << 20;
 
-/// Pixels per parallel work item of the copy. 64 and 1024 measured level on W2 and W4
-/// (same run as [`PIXEL_MAJOR_BUDGET_BYTES`]); 1024 leaves W1's 196-pixel images one item
-/// each (W1 `f32` forward 0.48 -> 0.53 ms, median of the rounds).
+/// Cells per parallel work item of the copy (whole padded rows, at least one). 64 and 1024
+/// measured level on W2 and W4 (same run as [`PIXEL_MAJOR_BUDGET_BYTES`]); 1024 leaves W1's
+/// 196-pixel images one item each (W1 `f32` forward 0.48 -> 0.53 ms, median of the rounds).
 const COPY_PIXELS: usize = 256;
 
-/// Images `first .. first + count` of a batch in pixel-major order: image `n`'s pixel `p`,
-/// channel `c` at `image(n)[p * channels + c]`, with pixel `H*W` (the zero pixel) all zeros.
+/// Images `first .. first + count` of a batch in pixel-major order on padded cells: image
+/// `n`'s cell `i`, channel `c` at `image(n)[i * channels + c]`.
 #[derive(Debug)]
 pub(crate) struct PixelMajor<T: Float> {
     data: Vec<T>,
     /// Leading elements skipped so that the first image starts on a 64-byte boundary.
     lead: usize,
-    /// Elements from one image to the next: `(pixels + 1) * channels` rounded up to 64 bytes.
+    /// Elements from one image to the next: `cells * channels` rounded up to 64 bytes.
     stride: usize,
     first: usize,
     count: usize,
     channels: usize,
-    pixels: usize,
+    layout: PlaneLayout,
 }
 
 impl<T: Float> Default for PixelMajor<T> {
@@ -53,16 +57,15 @@ impl<T: Float> Default for PixelMajor<T> {
             first: 0,
             count: 0,
             channels: 0,
-            pixels: 0,
+            layout: PlaneLayout::zero_bordered(0, 0),
         }
     }
 }
 
 impl<T: Float> PixelMajor<T> {
-    /// Images of `channels x pixels` (+1 zero pixel) per [`PIXEL_MAJOR_BUDGET_BYTES`], at
-    /// least 1.
-    pub(crate) fn images_per_chunk(channels: usize, pixels: usize) -> usize {
-        let bytes = (pixels + 1)
+    /// Images of `channels x cells` per [`PIXEL_MAJOR_BUDGET_BYTES`], at least 1.
+    pub(crate) fn images_per_chunk(channels: usize, cells: usize) -> usize {
+        let bytes = cells
             .saturating_mul(channels)
             .saturating_mul(std::mem::size_of::<T>())
             .max(1);
@@ -76,9 +79,10 @@ impl<T: Float> PixelMajor<T> {
         (budget / bytes).max(1)
     }
 
-    /// Copies images `first .. first + count` of `input` (`[N, channels, pixels]`, C-order),
-    /// in parallel on the current rayon pool. The copy is exact (no arithmetic), so the way
-    /// it is split does not matter.
+    /// Copies images `first .. first + count` of `input` (`[N, channels, H, W]`, C-order) onto
+    /// the cells of `layout` (borders zero, or replicated for that layout), in parallel on the
+    /// current rayon pool. The copy is exact (no arithmetic), so the way it is split does not
+    /// matter.
     ///
     /// # Errors
     /// [`Error::TooLarge`] if the memory for the copies cannot be had (one image may be larger
@@ -89,14 +93,16 @@ impl<T: Float> PixelMajor<T> {
         first: usize,
         count: usize,
         channels: usize,
-        pixels: usize,
+        layout: PlaneLayout,
     ) -> Result<()> {
-        let per_image = (pixels + 1) * channels;
+        let (h, w, pitch) = (layout.h, layout.w, layout.pitch());
+        let pixels = h * w;
+        let per_image = layout.len() * channels;
         assert!(
             input.len() >= (first + count) * channels * pixels,
             "pixel-major copy past the input"
         );
-        (self.first, self.count, self.channels, self.pixels) = (first, count, channels, pixels);
+        (self.first, self.count, self.channels, self.layout) = (first, count, channels, layout);
         // Every image starts on a 64-byte boundary, so a pixel of 8 `f32` (or 8 `f64`: 2
         // lines) never straddles a cache line (a straddling load reads two). W1 `f32` forward,
         // AVX2, 1 thread, AMD Zen 3, minimum of 8 alternating rounds: 1.37 -> 1.32 ms (within
@@ -107,7 +113,7 @@ impl<T: Float> PixelMajor<T> {
         if self.data.capacity() < need {
             self.data = crate::scratch::try_take_empty(need).ok_or_else(|| Error::TooLarge {
                 what: format!(
-                    "pixel-major copy of {count} image(s) of {channels} x {pixels}: the \
+                    "pixel-major copy of {count} image(s) of {channels} x {h} x {w}: the \
                      allocation failed"
                 ),
             })?;
@@ -121,19 +127,29 @@ impl<T: Float> PixelMajor<T> {
         // Each piece is zeroed right before the copy overwrites it, by the thread that copies it
         // and while it is in L1, instead of a serial fill of the whole buffer first (that fill
         // was 4.6% of W1's 1-thread forward).
-        let chunk = COPY_PIXELS * channels;
+        let chunk_rows = (COPY_PIXELS / pitch).max(1);
         self.data.spare_capacity_mut()[..count * self.stride]
             .par_chunks_mut(self.stride)
             .enumerate()
             .for_each(|(i, dst)| {
                 let src = &input[(first + i) * channels * pixels..][..channels * pixels];
-                dst.par_chunks_mut(chunk).enumerate().for_each(|(b, rows)| {
-                    let rows = crate::geometry::filled(rows, T::ZERO);
-                    if b * COPY_PIXELS < pixels {
-                        let body = rows.len().min((pixels - b * COPY_PIXELS) * channels);
-                        transpose_block(src, channels, pixels, b * COPY_PIXELS, &mut rows[..body]);
-                    }
-                });
+                dst.par_chunks_mut(chunk_rows * pitch * channels)
+                    .enumerate()
+                    .for_each(|(b, cells)| {
+                        let cells = crate::geometry::filled(cells, T::ZERO);
+                        // Padded row `r + 1` holds image row `r`, from cell 1 on.
+                        let rows = (b * chunk_rows).max(1)..((b + 1) * chunk_rows).min(h + 1);
+                        for padded in rows {
+                            let at = ((padded - b * chunk_rows) * pitch + 1) * channels;
+                            let row = &src[(padded - 1) * w..];
+                            to_pixel_major(row, channels, pixels, w, &mut cells[at..]);
+                        }
+                    });
+                // SAFETY: every chunk of `dst` was initialised by `filled` just above.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<T>(), dst.len())
+                };
+                layout.replicate_border(&mut dst[..per_image], channels);
             });
         // SAFETY: the capacity is at least `lead + count * stride` (above: lead <= line) and
         // the `count * stride` slots after the `lead` initialised ones were initialised by
@@ -145,24 +161,33 @@ impl<T: Float> PixelMajor<T> {
     /// Image `n` (of the batch) pixel-major.
     pub(crate) fn image(&self, n: usize) -> PixelImage<'_, T> {
         debug_assert!(n >= self.first && n < self.first + self.count);
-        let per_image = (self.pixels + 1) * self.channels;
+        let per_image = self.layout.len() * self.channels;
         PixelImage {
             values: &self.data[self.lead + (n - self.first) * self.stride..][..per_image],
             channels: self.channels,
-            zero_pixel: self.pixels,
+            pitch: self.layout.pitch(),
         }
     }
 }
 
-/// One image pixel-major: channel `c` of pixel `p` at `values[p * channels + c]`.
+/// One image pixel-major on padded cells: channel `c` of cell `i` at `values[i * channels +
+/// c]`; a sample whose table cell is `i` reads cells `i`, `i + 1`, `i + pitch`, `i + pitch +
+/// 1`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PixelImage<'a, T> {
-    /// `(zero_pixel + 1) * channels` values.
+    /// `cells * channels` values.
     pub values: &'a [T],
-    /// Channels per pixel (the image's `C_in`).
+    /// Channels per cell (the image's `C_in`).
     pub channels: usize,
-    /// The pixel after the image's `H * W`, all zeros (read for a missing corner).
-    pub zero_pixel: usize,
+    /// Cells per padded row.
+    pub pitch: usize,
+}
+
+impl<T> PixelImage<'_, T> {
+    /// Cells of the image.
+    pub(crate) fn cells(&self) -> usize {
+        self.values.len() / self.channels.max(1)
+    }
 }
 
 impl<'a, T: Element> PixelImage<'a, T> {
@@ -172,7 +197,7 @@ impl<'a, T: Element> PixelImage<'a, T> {
         Some(PixelImage {
             values: T::as_f32(self.values)?,
             channels: self.channels,
-            zero_pixel: self.zero_pixel,
+            pitch: self.pitch,
         })
     }
 }
@@ -182,20 +207,6 @@ impl<T: Float> Drop for PixelMajor<T> {
     fn drop(&mut self) {
         crate::scratch::give(std::mem::take(&mut self.data));
     }
-}
-
-/// `rows[(p - p0) * channels + c] = src[c * pixels + p]` for the pixels `p0 ..` that `rows`
-/// holds (`rows.len()` is a multiple of `channels`).
-fn transpose_block<T: Element>(
-    src: &[T],
-    channels: usize,
-    pixels: usize,
-    p0: usize,
-    rows: &mut [T],
-) {
-    let count = rows.len() / channels;
-    debug_assert!(p0 + count <= pixels && src.len() >= channels * pixels);
-    to_pixel_major(&src[p0..], channels, pixels, count, rows);
 }
 
 /// `dst[q * channels + c] = src[c * stride + q]` for `q < count`, `c < channels`: `count`
@@ -319,22 +330,39 @@ pub(crate) mod tests {
     /// result bits, so tests running meanwhile are unaffected.
     pub(crate) static BUDGET_OVERRIDE: AtomicUsize = AtomicUsize::new(0);
 
+    /// Every cell of the copies holds its pixel's channels, or zeros, as the layout defines
+    /// ([`PlaneLayout::pixel_of`]), on both layouts, with images of one and several chunks.
     #[test]
-    fn copies_are_the_transpose_with_a_zero_pixel() {
-        for (channels, pixels) in [(1, 1), (3, 17), (16, 16), (8, 196), (37, 300), (20, 513)] {
-            let n = 3;
-            let input: Vec<f32> = (0..n * channels * pixels).map(|i| i as f32).collect();
-            let mut pm = PixelMajor::default();
-            pm.fill(&input, 1, 2, channels, pixels).unwrap();
-            for img in 1..3 {
-                let got = pm.image(img).values;
-                for p in 0..pixels {
-                    for c in 0..channels {
-                        let want = input[(img * channels + c) * pixels + p];
-                        assert_eq!(got[p * channels + c], want, "{channels}x{pixels} {p} {c}");
+    fn copies_are_the_padded_transpose() {
+        for (channels, h, w) in [
+            (1, 1, 1),
+            (3, 3, 5),
+            (16, 4, 4),
+            (8, 14, 14),
+            (20, 19, 27),
+            (2, 0, 3),
+        ] {
+            for layout in [
+                PlaneLayout::zero_bordered(h, w),
+                PlaneLayout::replicated(h, w),
+            ] {
+                let (n, pixels) = (3, h * w);
+                let input: Vec<f32> = (0..n * channels * pixels).map(|i| i as f32 + 1.0).collect();
+                let mut pm = PixelMajor::default();
+                pm.fill(&input, 1, 2, channels, layout).unwrap();
+                for img in 1..3 {
+                    let got = pm.image(img);
+                    assert_eq!(got.values.len(), layout.len() * channels);
+                    for cell in 0..layout.len() {
+                        for c in 0..channels {
+                            let want = layout.pixel_of(cell).map_or(0.0, |(r, s)| {
+                                input[(img * channels + c) * pixels + r * w + s]
+                            });
+                            let at = format!("{layout:?} {channels} cell {cell} channel {c}");
+                            assert_eq!(got.values[cell * channels + c], want, "{at}");
+                        }
                     }
                 }
-                assert!(got[pixels * channels..].iter().all(|&v| v == 0.0));
             }
         }
     }

@@ -84,20 +84,42 @@ impl PlaneLayout {
     pub fn zero_base(&self) -> usize {
         self.pitch - 1
     }
-    /// Writes the replicated border of `plane` (one padded plane whose image cells are filled):
-    /// column `W` from column `W - 1` on rows `0..H`, then row `H` from row `H - 1` (columns
-    /// `0..=W`). Nothing for the zero-bordered layout or an empty plane.
-    pub fn replicate_border<T: Copy>(&self, plane: &mut [T]) {
+    /// The image pixel `(r, s)` whose value padded cell `cell` holds (`None`: a zero cell),
+    /// from the layout's definition in the module docs.
+    #[cfg(test)]
+    pub fn pixel_of(&self, cell: usize) -> Option<(usize, usize)> {
+        let (h, w) = (self.h as isize, self.w as isize);
+        let (mut r, mut s) = (
+            (cell / self.pitch) as isize - 1,
+            (cell % self.pitch) as isize - 1,
+        );
+        if self.is_replicated() {
+            if r == h && (0..=w).contains(&s) {
+                r = h - 1;
+            }
+            if s == w && (0..h).contains(&r) {
+                s = w - 1;
+            }
+        }
+        ((0..h).contains(&r) && (0..w).contains(&s)).then_some((r as usize, s as usize))
+    }
+    /// Writes the replicated border of `cells` (one padded plane of `channels` values a cell,
+    /// whose image cells are filled): column `W` from column `W - 1` on rows `0..H`, then row
+    /// `H` from row `H - 1` (columns `0..=W`). Nothing for the zero-bordered layout or an empty
+    /// plane.
+    pub fn replicate_border<T: Copy>(&self, cells: &mut [T], channels: usize) {
         if !self.is_replicated() || self.h == 0 || self.w == 0 {
             return;
         }
-        debug_assert_eq!(plane.len(), self.len());
+        debug_assert_eq!(cells.len(), self.len() * channels);
         let (h, w) = (self.h as isize, self.w as isize);
         for r in 0..h {
-            plane[self.index(r, w)] = plane[self.index(r, w - 1)];
+            let from = self.index(r, w - 1) * channels;
+            cells.copy_within(from..from + channels, self.index(r, w) * channels);
         }
         let (last, below) = (self.index(h - 1, 0), self.index(h, 0));
-        plane.copy_within(last..last + self.w + 1, below);
+        let row = (self.w + 1) * channels;
+        cells.copy_within(last * channels..last * channels + row, below * channels);
     }
 }
 
@@ -252,7 +274,7 @@ impl<T: Float> Tap<T> {
     }
 
     /// [`Tap::with_rule`] for DCN v1 and offsets with [`Tap::is_plain`]: the same corners and
-    /// weights as [`crate::sample::locate_flat_clamped`], read through the replicated layout.
+    /// weights as [`crate::sample::locate_in`] for DCN v1, read through the replicated layout.
     #[inline(always)]
     fn plain_clamped(
         layout: PlaneLayout,

@@ -112,7 +112,7 @@ fn coordinate_weights_match_for<R: Rule>() {
             padded[l.index(r as isize, s as isize)] = image[r * w + s];
         }
     }
-    l.replicate_border(&mut padded);
+    l.replicate_border(&mut padded, 1);
     let offsets = [
         -2.5, -1.5, -1.0, -0.999, -0.5, 0.0, 0.25, 1.0, 2.0, 2.5, 2.999, 3.0, 3.5, 4.0, 9.0,
     ];
@@ -163,7 +163,7 @@ fn fast_entry_equals_the_rule() {
 }
 
 /// The fast DCN v1 entry reads (through the replicated plane) and weighs exactly the corners
-/// of `sample::locate_flat_clamped`.
+/// of `sample::locate_in` for DCN v1.
 #[test]
 fn dcn_v1_entry_reads_the_clamped_corners() {
     let (h, w) = (4usize, 3usize);
@@ -175,12 +175,16 @@ fn dcn_v1_entry_reads_the_clamped_corners() {
             plane[l.index(r as isize, s as isize)] = image[r * w + s];
         }
     }
-    l.replicate_border(&mut plane);
+    l.replicate_border(&mut plane, 1);
     let ds = [-1.0, -0.5, 0.0, 0.25, 1.0, 1.5, 2.0, 2.75, 3.0, 3.5, 4.0];
     for &py in &ds {
         for &px in &ds {
             let t = Tap::with_rule::<DcnV1Rule>(l, 0, (0, py), (0, px), 1.0);
-            let (index, weight) = crate::sample::locate_flat_clamped(0, py, 0, px, h, w);
+            let conv = crate::convention::Convention::DcnV1;
+            let (index, weight) = match crate::sample::locate_in(conv, 0, py, 0, px, h, w) {
+                crate::sample::Sample::Inside(c) => (c.index.map(|i| i as isize), c.weights()),
+                _ => ([-1; 4], [0.0; 4]),
+            };
             let cells = [
                 t.gather,
                 t.gather + 1,
@@ -216,7 +220,7 @@ fn zero_base_cells_are_all_zero_border() {
                     plane[l.index(r, s)] = 1.0;
                 }
             }
-            l.replicate_border(&mut plane);
+            l.replicate_border(&mut plane, 1);
             let b = l.zero_base();
             for cell in [b, b + 1, b + l.pitch(), b + l.pitch() + 1] {
                 assert!(cell < l.len());
@@ -235,7 +239,7 @@ fn replicated_border_copies_the_last_row_and_column() {
             plane[l.index(r, s)] = (10 * r + s + 1) as f64;
         }
     }
-    l.replicate_border(&mut plane);
+    l.replicate_border(&mut plane, 1);
     // Rows -1..=2, columns -1..=4; row 2 = row 1, column 3 = column 2, column 4 zero.
     let want = [
         [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
