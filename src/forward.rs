@@ -70,7 +70,7 @@ fn deform_geometry<T: Float>(
         return Err(Error::TooLarge {
             what: format!(
                 "input plane of {} x {} pixels for the deformable gather (its padded cells, \
-                 (H + 2) x (W + 3), at most 2^31 - 1)",
+                 (H + 2) x (W + 3), at most 2^30 - 1)",
                 geo.h, geo.w
             ),
         });

@@ -1,7 +1,7 @@
 //! A task's sampling table for one tile, `[k][tile column]`: for a deformable problem the
-//! columns the fused pass reads ([`TapColumns`]), a vector of pixels at a time under
-//! torchvision's convention and entry by entry through the row form ([`Tap`]) otherwise; for
-//! a dense one, each sample's cell.
+//! columns the fused pass reads ([`TapColumns`]), a vector of pixels at a time, or entry by
+//! entry through the row form ([`Tap`]) for positions past the vector build's limits; for a
+//! dense one, each sample's cell.
 
 use super::operands::Scope;
 use super::plan::{ImageGroup, Piece};
@@ -10,14 +10,14 @@ use crate::float::Float;
 use crate::kernels::backend::with_features;
 use crate::kernels::columns::TapColumns;
 use crate::kernels::dense_backward;
-use crate::kernels::locate::{fill_columns, ColumnRun, LIMIT, MAX_PLANE};
+use crate::kernels::locate::{fill_columns, ColumnRun, Fields, LIMIT, MAX_PLANE};
 use crate::kernels::taps::{DcnV1Rule, MmcvRule, Rule, Tap, TorchvisionRule};
 
 impl<T: Float> Scope<'_, '_, T> {
     /// Whether the tile tables are built straight into columns ([`Scope::build_columns`]):
-    /// torchvision, with offsets, every base coordinate below
-    /// [`LIMIT`] and the task's plane cells below [`MAX_PLANE`]. Measured on W1 (1 thread):
-    /// the row table build and its column copy were a third of the backward.
+    /// with offsets, every base coordinate below [`LIMIT`] and the task's plane cells below
+    /// [`MAX_PLANE`]. Measured on W1 (1 thread): the row table build and its column copy were
+    /// a third of the backward.
     pub(super) fn direct_columns(&self) -> bool {
         let g = self.g;
         // Saturating: absurd strides or dilations must not overflow (they fail the check).
@@ -29,7 +29,6 @@ impl<T: Float> Scope<'_, '_, T> {
         let reach_y = reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top);
         let reach_x = reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left);
         self.ops.offset.is_some()
-            && self.ops.convention == Convention::Torchvision
             && reach_y < LIMIT
             && reach_x < LIMIT
             && g.h.max(g.w) < LIMIT
@@ -95,7 +94,7 @@ impl<T: Float> Scope<'_, '_, T> {
                         .map(|m| &m[(n * mc + ch) * hw + px.start..][..px.len()]),
                     plane0: (n - group.images.start) * self.layout.len(),
                 };
-                fill_columns(columns, self.layout, &run);
+                fill_columns(columns, self.ops.convention, self.layout, &run, Fields::All);
             }
         }
         columns.finish();

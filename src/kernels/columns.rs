@@ -1,7 +1,8 @@
-//! The sampling table of a backward tile in column (structure-of-arrays) form, `[k][pixel]`
-//! per field: what the pixel-major pass ([`super::channel_backward`]) loads sixteen entries
-//! at a time. Written entry by entry from the row form ([`super::taps::Tap`]) or a vector
-//! of pixels at a time by [`super::locate::fill_columns`].
+//! The sampling table of a tile in column (structure-of-arrays) form, `[k][pixel]` per
+//! field, for both passes: what the forward's gather ([`super::gather`]) and the backward's
+//! pixel-major pass ([`super::channel_backward`]) load a vector of entries at a time. Written
+//! entry by entry from the row form ([`super::taps::Tap`]) or a vector of pixels at a time by
+//! [`super::locate::fill_columns`].
 
 use crate::float::Float;
 use crate::kernels::taps::Tap;

@@ -4,6 +4,8 @@
 use super::backend::{self, Backend, WithBackend};
 use super::channel_gather::ChannelRows;
 use super::channel_lanes;
+use super::columns::TapColumns;
+use super::locate::{self, ColumnRun, Fields};
 use super::pixel_major::{PixelImage, PixelMajor};
 use super::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
 use super::{Source, TileRows, TileSpan};
@@ -11,16 +13,17 @@ use crate::convention::Convention;
 use crate::float::Float;
 use std::ops::Range;
 
-/// The samples of one `(image, offset group, pixel range)`, for every tap, in structure-of-arrays
-/// form: entry `r = k * len + q` is tap `k` at pixel `start + q`.
+/// The samples of one `(image, offset group, pixel range)`, for every tap: entry `r = k * len
+/// + q` of the table ([`TapColumns`]) is tap `k` at pixel `start + q`, with the columns the
+/// gather reads ([`Fields::Forward`]).
 ///
-/// `cell[r]` is the sample's first corner on the padded cells of its convention's
+/// `scatter[r]` is the sample's first corner on the padded cells of its convention's
 /// [`PlaneLayout`] (the image's [`PixelMajor`] copy), whose four corners `(y0,x0), (y0,x1),
-/// (y1,x0), (y1,x1)` are `cell, cell + 1, cell + pitch, cell + pitch + 1`; `weight[t * K * len
-/// + r]` is corner `t`'s bilinear weight. These are the backward's table entries ([`Tap`]:
-/// `scatter` and `weights`) built by the same rules: a sample outside the window has zero
-/// weights and reads the zero cells (value 0); a NaN sample has NaN weights and reads them
-/// (value NaN). `mask[r]` is the modulation (filled only when the convolution has a mask).
+/// (y1,x0), (y1,x1)` are `cell, cell + 1, cell + pitch, cell + pitch + 1`, and `weights[t][r]`
+/// corner `t`'s bilinear weight: the backward's table entries by the same rules. A sample
+/// outside the window has zero weights and reads the zero cells (value 0); a NaN sample has
+/// NaN weights and reads them (value NaN). `m[r]` is the modulation (filled only when the
+/// convolution has a mask).
 ///
 /// One cell a sample on padded images, in place of four corner indices (`-1` for none) into
 /// the plain image with a zero pixel after it: fewer table writes and reads, and DCN v1 built
@@ -28,14 +31,10 @@ use std::ops::Range;
 /// alternating rounds: AVX2 `f32` 0.70 -> 0.61 ms, `f64` 1.14 -> 1.05, portable 1.05 -> 0.97,
 /// scalar 2.31 -> 1.92, DCN v1 0.92 -> 0.63; W2 and W4 level.
 ///
-/// Size: `K * len * (4 + 5 * size_of::<T>())` bytes, at most 24 bytes per column-tile column
-/// and tap for `f32`: small next to the column tile itself. An empty table (`default`) grows
-/// its buffers on first use and reuses them afterwards.
+/// An empty table (`default`) grows its buffers on first use and reuses them afterwards.
 #[derive(Debug, Default)]
 pub(crate) struct SampleTable<T> {
-    cell: Vec<i32>,
-    weight: Vec<T>,
-    mask: Vec<T>,
+    columns: TapColumns<T>,
     /// `y * stride_h - pad_top` and `x * stride_w - pad_left` of each pixel (vector builds).
     base_y: Vec<T>,
     base_x: Vec<T>,
@@ -53,12 +52,12 @@ impl<T: Float> SampleTable<T> {
         start: usize,
         len: usize,
     ) {
-        self.reset(src, image, og, start, len);
-        if self.build_vector(src, offset, image, og, start, len) {
+        self.columns.resize(src.geo.taps() * len);
+        let rows = (offset, image, og, start, len);
+        if self.build_vector(src, rows) {
             return;
         }
         // One monomorphic loop per rule, compiled with the backend's features.
-        let rows = (offset, image, og, start, len);
         match src.convention {
             Convention::Torchvision => backend::with_features(
                 #[inline(always)]
@@ -75,19 +74,14 @@ impl<T: Float> SampleTable<T> {
         }
     }
 
-    /// The table build a vector of pixels at a time ([`super::locate`]), when every undeformed
-    /// position is below [`locate::LIMIT`] and the padded plane below [`locate::MAX_PLANE`]
-    /// cells; returns whether it ran.
+    /// The table build a vector of pixels at a time ([`locate::fill_columns`]), when every
+    /// undeformed position is below [`locate::LIMIT`] and the padded plane below
+    /// [`locate::MAX_PLANE`] cells; returns whether it ran.
     fn build_vector(
         &mut self,
         src: &Source<'_, T>,
-        offset: &[T],
-        image: usize,
-        og: usize,
-        start: usize,
-        len: usize,
+        (offset, image, og, start, len): Rows<'_, T>,
     ) -> bool {
-        use super::locate::{self, AxisSamples, RowOut};
         let g = src.geo;
         let layout = PlaneLayout::for_convention(src.convention, g.h, g.w);
         let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
@@ -103,7 +97,6 @@ impl<T: Float> SampleTable<T> {
             return false;
         }
         let taps = g.taps();
-        let entries = taps * len;
         let pixels = g.out_pixels();
         self.base_y.resize(len, T::ZERO);
         self.base_x.resize(len, T::ZERO);
@@ -117,65 +110,34 @@ impl<T: Float> SampleTable<T> {
                 (x, y) = (0, y + 1);
             }
         }
-        let [w0, w1, w2, w3] = corners(&mut self.weight, entries);
         let offset_channels = 2 * g.offset_groups * taps;
         for k in 0..taps {
             let (i, j) = (k / g.kw, k % g.kw);
             let ch = og * taps + k;
-            let dys = &offset[((image * offset_channels + 2 * ch) * pixels + start)..][..len];
-            let dxs = &offset[((image * offset_channels + 2 * ch + 1) * pixels + start)..][..len];
-            let row = k * len..(k + 1) * len;
-            let out = RowOut {
-                cell: &mut self.cell[row.clone()],
-                weight: [
-                    &mut w0[row.clone()],
-                    &mut w1[row.clone()],
-                    &mut w2[row.clone()],
-                    &mut w3[row],
-                ],
+            let dy0 = (image * offset_channels + 2 * ch) * pixels + start;
+            let mask = src
+                .mask
+                .map(|m| &m[(image * g.offset_groups * taps + ch) * pixels + start..][..len]);
+            let run = ColumnRun {
+                at: k * len,
+                base_y: &self.base_y[..len],
+                base_x: &self.base_x[..len],
+                tap_y: T::from_usize(i * g.dil_h),
+                tap_x: T::from_usize(j * g.dil_w),
+                dy: &offset[dy0..][..len],
+                dx: &offset[dy0 + pixels..][..len],
+                m: mask,
+                plane0: 0,
             };
-            let y = AxisSamples {
-                base: &self.base_y,
-                tap: T::from_usize(i * g.dil_h),
-                offset: dys,
-            };
-            let x = AxisSamples {
-                base: &self.base_x,
-                tap: T::from_usize(j * g.dil_w),
-                offset: dxs,
-            };
-            locate::locate_row(layout, y, x, len, out);
+            locate::fill_columns(
+                &mut self.columns,
+                src.convention,
+                layout,
+                &run,
+                Fields::Forward,
+            );
         }
         true
-    }
-
-    /// Sizes the table for `len` pixels and copies their mask rows.
-    fn reset(&mut self, src: &Source<'_, T>, image: usize, og: usize, start: usize, len: usize) {
-        let entries = src.geo.taps() * len;
-        self.cell.resize(entries, 0);
-        self.weight.resize(4 * entries, T::ZERO);
-        self.copy_mask(src, image, og, start, len);
-    }
-
-    /// Copies the mask rows of offset group `og` for `(image, start .. start + len)`, one per
-    /// tap, when the convolution has a mask.
-    fn copy_mask(
-        &mut self,
-        src: &Source<'_, T>,
-        image: usize,
-        og: usize,
-        start: usize,
-        len: usize,
-    ) {
-        let Some(mask) = src.mask else { return };
-        let g = src.geo;
-        let (taps, pixels) = (g.taps(), g.out_pixels());
-        self.mask.resize(taps * len, T::ONE);
-        for k in 0..taps {
-            let ch = og * taps + k;
-            let ms = &mask[((image * g.offset_groups * taps + ch) * pixels + start)..][..len];
-            self.mask[k * len..(k + 1) * len].copy_from_slice(ms);
-        }
     }
 
     /// The table build under rule `R`, entry by entry ([`Tap::with_rule`]).
@@ -183,34 +145,32 @@ impl<T: Float> SampleTable<T> {
     fn build_rows<R: Rule>(
         &mut self,
         src: &Source<'_, T>,
-        (offset, image, og, start, len): (&[T], usize, usize, usize, usize),
+        (offset, image, og, start, len): Rows<'_, T>,
     ) {
         let g = src.geo;
         let layout = PlaneLayout::for_convention(R::CONVENTION, g.h, g.w);
         let taps = g.taps();
-        let entries = taps * len;
         let pixels = g.out_pixels();
         let offset_channels = 2 * g.offset_groups * taps;
-        let mut weights = corners(&mut self.weight, entries);
         for k in 0..taps {
             let (i, j) = (k / g.kw, k % g.kw);
             let ch = og * taps + k;
-            let dys = &offset[((image * offset_channels + 2 * ch) * pixels + start)..][..len];
-            let dxs = &offset[((image * offset_channels + 2 * ch + 1) * pixels + start)..][..len];
+            let dy0 = (image * offset_channels + 2 * ch) * pixels + start;
+            let m0 = (image * g.offset_groups * taps + ch) * pixels + start;
             let (mut y, mut x) = (start / g.w_out, start % g.w_out);
             let off_y = (i * g.dil_h) as isize - g.pad_top as isize;
             let off_x = (j * g.dil_w) as isize - g.pad_left as isize;
             for q in 0..len {
                 let base_y = (y * g.stride_h) as isize + off_y;
                 let base_x = (x * g.stride_w) as isize + off_x;
-                let r = k * len + q;
-                let tap =
-                    Tap::with_rule::<R>(layout, 0, (base_y, dys[q]), (base_x, dxs[q]), T::ONE);
-                // Cells fit i32: the caller checked the padded plane.
-                self.cell[r] = tap.scatter as i32;
-                for (w, &v) in weights.iter_mut().zip(&tap.weights) {
-                    w[r] = v;
-                }
+                // `match`, not `map_or`: a closure left out of line loses the features.
+                let m = match src.mask {
+                    Some(mask) => mask[m0 + q],
+                    None => T::ONE,
+                };
+                let (dy, dx) = (offset[dy0 + q], offset[dy0 + pixels + q]);
+                let tap = Tap::with_rule::<R>(layout, 0, (base_y, dy), (base_x, dx), m);
+                self.columns.set(k * len + q, &tap);
                 x += 1;
                 if x == g.w_out {
                     x = 0;
@@ -219,16 +179,10 @@ impl<T: Float> SampleTable<T> {
             }
         }
     }
-
-    /// The built table, for reading.
-    fn view(&self) -> TableView<'_, T> {
-        TableView {
-            cell: &self.cell,
-            weight: &self.weight,
-            mask: &self.mask,
-        }
-    }
 }
+
+/// The offsets and `(image, offset group, start, len)` of a table build.
+type Rows<'a, T> = (&'a [T], usize, usize, usize, usize);
 
 /// One tap's row of a built [`SampleTable`]: what the gathers read.
 #[derive(Clone, Copy)]
@@ -241,35 +195,14 @@ pub(crate) struct TapRow<'a, T> {
     pub mask: Option<&'a [T]>,
 }
 
-/// The buffers of a built [`SampleTable`], borrowed.
-#[derive(Clone, Copy)]
-struct TableView<'a, T> {
-    /// First corner cells, `[k][q]`.
-    cell: &'a [i32],
-    /// Corner weights, corner-major (see [`SampleTable`]).
-    weight: &'a [T],
-    /// Mask rows, one per tap (read only when the convolution has a mask).
-    mask: &'a [T],
-}
-
-impl<'a, T: Float> TableView<'a, T> {
-    /// The table as an `f32` table, when `T` is `f32`.
-    #[cfg(target_arch = "x86_64")]
-    fn as_f32(self) -> Option<TableView<'a, f32>> {
-        Some(TableView {
-            cell: self.cell,
-            weight: T::as_f32(self.weight)?,
-            mask: T::as_f32(self.mask)?,
-        })
-    }
-
-    /// The entries of tap `k` (of a table built for `len` pixels).
-    fn tap_row(self, k: usize, len: usize, has_mask: bool) -> TapRow<'a, T> {
-        let entries = self.cell.len();
+impl<'a, T: Float> TapRow<'a, T> {
+    /// The entries of tap `k` of a table built for `len` pixels.
+    fn of(table: &'a TapColumns<T>, k: usize, len: usize, has_mask: bool) -> Self {
+        let row = k * len..(k + 1) * len;
         TapRow {
-            cell: &self.cell[k * len..][..len],
-            weight: [0, 1, 2, 3].map(|t| &self.weight[t * entries + k * len..][..len]),
-            mask: has_mask.then(|| &self.mask[k * len..(k + 1) * len]),
+            cell: &table.scatter[row.clone()],
+            weight: [0, 1, 2, 3].map(|t| &table.weights[t][row.clone()]),
+            mask: has_mask.then(|| &table.m[row]),
         }
     }
 }
@@ -283,7 +216,7 @@ impl<'a, T: Float> TableView<'a, T> {
 /// pixels of 8 a vector ([`super::channel_gather`]). Both give the same bits.
 ///
 /// Row `r` of the tile goes to `out.cols[r * out.ld ..][..len]`. The caller guarantees that
-/// the padded plane's cells fit `i32` ([`fits_cells`]), `ld >= len` and `cols.len() >=
+/// the padded plane's cells fit the table ([`fits_cells`]), `ld >= len` and `cols.len() >=
 /// (C_in/groups * K - 1) * ld + len`.
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
@@ -330,7 +263,7 @@ pub(crate) fn by_definition<'s, T: Float>(
     };
     move |t| {
         for k in 0..t.taps {
-            let tap = t.table.tap_row(k, t.len, t.has_mask);
+            let tap = TapRow::of(t.table, k, t.len, t.has_mask);
             for c in t.channels.clone() {
                 let row = &mut t.cols[((c - t.first) * t.taps + k) * t.ld..][..t.len];
                 for (q, v) in row.iter_mut().enumerate() {
@@ -345,12 +278,13 @@ pub(crate) fn by_definition<'s, T: Float>(
 }
 
 /// Whether the padded cells of an input plane (of the larger, replicated layout: `(max(H, 1)
-/// + 2) x (W + 3)`) fit the table's `i32` cell indices.
+/// + 2) x (W + 3)`) fit the table's `i32` cells with a row pitch to spare
+/// ([`super::columns::MAX_CELLS`], as the backward's planes).
 pub(crate) fn fits_cells(g: &crate::geometry::Geometry) -> bool {
     g.h.max(1)
         .saturating_add(2)
         .checked_mul(g.w.saturating_add(3))
-        .is_some_and(|cells| cells <= i32::MAX as usize)
+        .is_some_and(|cells| cells <= super::columns::MAX_CELLS)
 }
 
 /// [`gather_columns`]' loop: one table per offset group, whose channels `kernel` fills.
@@ -383,7 +317,7 @@ fn gather_with<T: Float>(
         let chunk_end = c_hi.min((og + 1) * per_og);
         table.build(src, offset, image, og, start, len);
         kernel(ChannelTaps {
-            table: table.view(),
+            table: &table.columns,
             image: images.image(image),
             channels: c..chunk_end,
             first: c_lo,
@@ -402,7 +336,7 @@ fn gather_with<T: Float>(
 /// ([`super::channel_gather::interpolate_tap`]), else by the generic one
 /// ([`channel_lanes::interpolate_tap`]).
 pub(crate) struct ChannelTaps<'a, T> {
-    table: TableView<'a, T>,
+    table: &'a TapColumns<T>,
     image: PixelImage<'a, T>,
     channels: Range<usize>,
     first: usize,
@@ -424,13 +358,13 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
             && self.channels.len() <= 8
             && self.image.values.len() <= i32::MAX as usize
         {
-            let (image, table) = (self.image.as_f32(), self.table.as_f32());
+            let (image, table) = (self.image.as_f32(), T::columns_as_f32(self.table));
             if let (Some(image), Some(table), Some(cols)) = (image, table, T::as_f32_mut(self.cols))
             {
                 // SAFETY: a backend value of ISA Avx512 exists only where AVX-512F was detected.
                 let avx512 = unsafe { backend::Avx512::new_unchecked() };
                 for k in 0..self.taps {
-                    let tap = table.tap_row(k, self.len, self.has_mask);
+                    let tap = TapRow::of(table, k, self.len, self.has_mask);
                     let rows = ChannelRows {
                         channels: self.channels.clone(),
                         first: self.first,
@@ -449,7 +383,7 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
             }
         }
         for k in 0..self.taps {
-            let tap = self.table.tap_row(k, self.len, self.has_mask);
+            let tap = TapRow::of(self.table, k, self.len, self.has_mask);
             let rows = ChannelRows {
                 channels: self.channels.clone(),
                 first: self.first,
@@ -463,14 +397,6 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
             channel_lanes::interpolate_tap(b, self.image, rows, &tap, self.len, out);
         }
     }
-}
-
-/// The four per-corner blocks of `entries` values at the front of `v` (`v.len() >= 4 entries`).
-fn corners<U>(v: &mut [U], entries: usize) -> [&mut [U]; 4] {
-    let (a, rest) = v.split_at_mut(entries);
-    let (b, rest) = rest.split_at_mut(entries);
-    let (c, rest) = rest.split_at_mut(entries);
-    [a, b, c, &mut rest[..entries]]
 }
 
 #[cfg(test)]
@@ -561,33 +487,25 @@ mod tests {
                     mask: Some(&mask),
                 };
                 for og in 0..2 {
-                    let mut vector = SampleTable::<T>::default();
-                    vector.reset(&src, 0, og, start, len);
-                    assert!(vector.build_vector(&src, &offset, 0, og, start, len));
-                    let mut scalar = SampleTable::<T>::default();
-                    scalar.reset(&src, 0, og, start, len);
                     let rows = (&offset[..], 0, og, start, len);
+                    let mut vector = SampleTable::<T>::default();
+                    vector.columns.resize(geo.taps() * len);
+                    assert!(vector.build_vector(&src, rows));
+                    let mut scalar = SampleTable::<T>::default();
+                    scalar.columns.resize(geo.taps() * len);
                     match convention {
                         Convention::Torchvision => scalar.build_rows::<TorchvisionRule>(&src, rows),
                         Convention::Mmcv => scalar.build_rows::<MmcvRule>(&src, rows),
                         Convention::DcnV1 => scalar.build_rows::<DcnV1Rule>(&src, rows),
                     }
-                    assert_eq!(
-                        vector.cell, scalar.cell,
-                        "cells {convention:?} {h}x{w} k{k} og{og} {start}+{len}"
-                    );
-                    let bits = |t: &SampleTable<T>| {
-                        t.weight
-                            .iter()
-                            .map(|v| v.to_f64().to_bits())
-                            .collect::<Vec<_>>()
-                    };
-                    assert_eq!(
-                        bits(&vector),
-                        bits(&scalar),
-                        "weights {convention:?} {h}x{w} k{k} og{og} {start}+{len}"
-                    );
-                    assert_eq!(vector.mask, scalar.mask);
+                    let (v, s) = (&vector.columns, &scalar.columns);
+                    let at = format!("{convention:?} {h}x{w} k{k} og{og} {start}+{len}");
+                    assert_eq!(v.scatter, s.scatter, "cells {at}");
+                    let bits = |c: &[T]| c.iter().map(|v| v.to_f64().to_bits()).collect::<Vec<_>>();
+                    for t in 0..4 {
+                        assert_eq!(bits(&v.weights[t]), bits(&s.weights[t]), "weights {t} {at}");
+                    }
+                    assert_eq!(bits(&v.m), bits(&s.m), "mask {at}");
                 }
             }
         }
