@@ -27,9 +27,10 @@ use std::ops::Range;
 ///
 /// One cell a sample on padded images, in place of four corner indices (`-1` for none) into
 /// the plain image with a zero pixel after it: fewer table writes and reads, and DCN v1 built
-/// by the vector rule too. W1 forward, 2 threads, AMD Zen 2 (`cpu family 23`), min of 3
-/// alternating rounds: AVX2 `f32` 0.70 -> 0.61 ms, `f64` 1.14 -> 1.05, portable 1.05 -> 0.97,
-/// scalar 2.31 -> 1.92, DCN v1 0.92 -> 0.63; W2 and W4 level.
+/// by the vector rule too. W1 forward, 2 threads, AMD Zen 2 (`cpu family 23`), min of 3-4
+/// alternating rounds: AVX2 `f32` 0.63-0.71 -> 0.55-0.61 ms, `f64` 1.17-1.26 -> 1.02-1.13,
+/// portable 1.05 -> 0.97, scalar 2.33 -> 2.06, DCN v1 0.92-0.95 -> 0.59-0.62; W2 and W4
+/// level.
 ///
 /// An empty table (`default`) grows its buffers on first use and reuses them afterwards.
 #[derive(Debug, Default)]
