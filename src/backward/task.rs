@@ -38,6 +38,7 @@ use crate::kernels::channel_backward::SampleOut;
 use crate::kernels::columns::TapColumns;
 use crate::kernels::dense_backward::{self, DenseTile};
 use crate::kernels::taps::PlaneLayout;
+use crate::kernels::tile_table::Bases;
 use crate::scratch;
 
 /// The scratch and fixed facts of one (slot, offset group) task.
@@ -117,11 +118,8 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
         // planes and a table of one cell per sample.
         let pixel_major = self.s.pixel_major;
         let mut cells: Vec<usize> = Vec::new();
-        // Torchvision tables are built straight into columns, a vector of pixels at a time
-        // (the row table is not built at all).
-        let direct = self.s.direct_columns();
         let mut columns = TapColumns::<T>::default();
-        let mut pixel_bases = (Vec::new(), Vec::new());
+        let mut bases = Bases::default();
         self.stats.grad_plane_elems += gr_planes.len();
         self.stats.col_elems += gcol.len() + cols.len();
         self.stats.weight_part_elems += wpart.len();
@@ -146,13 +144,10 @@ impl<'p, 'a, T: Float> Task<'p, 'a, T> {
             }
             for tile in &group.tiles {
                 let width: usize = tile.iter().map(|pc| pc.pixels.len()).sum();
-                if !pixel_major {
-                    self.s.build_cells(group, tile, width, &mut cells);
-                } else if direct {
-                    self.s
-                        .build_columns(group, tile, width, &mut columns, &mut pixel_bases);
+                if pixel_major {
+                    self.s.build_taps(group, tile, &mut columns, &mut bases);
                 } else {
-                    self.s.build_taps(group, tile, width, &mut columns);
+                    self.s.build_cells(group, tile, width, &mut cells);
                 }
                 if needs.offset {
                     acc_dy[..k_taps * width].fill(T::ZERO);

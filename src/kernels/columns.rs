@@ -1,8 +1,8 @@
 //! The sampling table of a tile in column (structure-of-arrays) form, `[k][pixel]` per
 //! field, for both passes: what the forward's gather ([`super::gather`]) and the backward's
-//! pixel-major pass ([`super::channel_backward`]) load a vector of entries at a time. Written
-//! entry by entry from the row form ([`super::taps::Tap`]) or a vector of pixels at a time by
-//! [`super::locate::fill_columns`].
+//! pixel-major pass ([`super::channel_backward`]) load a vector of entries at a time. Built for
+//! both by [`super::tile_table::build_table`]: entry by entry from the row form
+//! ([`super::taps::Tap`]) or a vector of pixels at a time by [`super::locate::fill_columns`].
 
 use crate::float::Float;
 use crate::kernels::taps::Tap;

@@ -5,12 +5,13 @@ use super::backend::{self, Backend, WithBackend};
 use super::channel_gather::ChannelRows;
 use super::channel_lanes;
 use super::columns::TapColumns;
-use super::locate::{self, ColumnRun, Fields};
+use super::locate::Fields;
 use super::pixel_major::{PixelImage, PixelMajor};
-use super::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
+use super::taps::PlaneLayout;
+use super::tile_table::{build_table, Bases, TableSource};
 use super::{Source, TileRows, TileSpan};
-use crate::convention::Convention;
 use crate::float::Float;
+use crate::plan::backward::Piece;
 use std::ops::Range;
 
 /// The samples of one `(image, offset group, pixel range)`, for every tap: entry `r = k * len
@@ -36,14 +37,12 @@ use std::ops::Range;
 #[derive(Debug, Default)]
 pub(crate) struct SampleTable<T> {
     columns: TapColumns<T>,
-    /// `y * stride_h - pad_top` and `x * stride_w - pad_left` of each pixel (vector builds).
-    base_y: Vec<T>,
-    base_x: Vec<T>,
+    bases: Bases<T>,
 }
 
 impl<T: Float> SampleTable<T> {
     /// Computes the samples of offset group `og` for `(image, start .. start + len)` under
-    /// `src.convention`.
+    /// `src.convention` ([`build_table`]).
     fn build(
         &mut self,
         src: &Source<'_, T>,
@@ -53,137 +52,24 @@ impl<T: Float> SampleTable<T> {
         start: usize,
         len: usize,
     ) {
-        self.columns.resize(src.geo.taps() * len);
-        let rows = (offset, image, og, start, len);
-        if self.build_vector(src, rows) {
-            return;
-        }
-        // One monomorphic loop per rule, compiled with the backend's features.
-        match src.convention {
-            Convention::Torchvision => backend::with_features(
-                #[inline(always)]
-                || self.build_rows::<TorchvisionRule>(src, rows),
-            ),
-            Convention::Mmcv => backend::with_features(
-                #[inline(always)]
-                || self.build_rows::<MmcvRule>(src, rows),
-            ),
-            Convention::DcnV1 => backend::with_features(
-                #[inline(always)]
-                || self.build_rows::<DcnV1Rule>(src, rows),
-            ),
-        }
-    }
-
-    /// The table build a vector of pixels at a time ([`locate::fill_columns`]), when every
-    /// undeformed position is below [`locate::LIMIT`] and the padded plane below
-    /// [`locate::MAX_PLANE`] cells; returns whether it ran.
-    fn build_vector(
-        &mut self,
-        src: &Source<'_, T>,
-        (offset, image, og, start, len): Rows<'_, T>,
-    ) -> bool {
         let g = src.geo;
-        let layout = PlaneLayout::for_convention(src.convention, g.h, g.w);
-        let reach = |out: usize, stride: usize, k: usize, dil: usize, pad: usize| {
-            out.checked_mul(stride)
-                .and_then(|v| v.checked_add(k.checked_mul(dil)?))
-                .is_some_and(|v| v < locate::LIMIT && pad < locate::LIMIT)
+        let table = TableSource {
+            geo: g,
+            convention: src.convention,
+            layout: PlaneLayout::for_convention(src.convention, g.h, g.w),
+            offset,
+            mask: src.mask,
+            og,
         };
-        if !reach(g.h_out, g.stride_h, g.kh, g.dil_h, g.pad_top)
-            || !reach(g.w_out, g.stride_w, g.kw, g.dil_w, g.pad_left)
-            || g.h.max(g.w) >= locate::LIMIT
-            || layout.len() >= locate::MAX_PLANE
-        {
-            return false;
-        }
-        let taps = g.taps();
-        let pixels = g.out_pixels();
-        self.base_y.resize(len, T::ZERO);
-        self.base_x.resize(len, T::ZERO);
-        let (mut y, mut x) = (start / g.w_out, start % g.w_out);
-        for q in 0..len {
-            // Exact integers below 2^22 by the check above.
-            self.base_y[q] = T::from_usize(y * g.stride_h) - T::from_usize(g.pad_top);
-            self.base_x[q] = T::from_usize(x * g.stride_w) - T::from_usize(g.pad_left);
-            x += 1;
-            if x == g.w_out {
-                (x, y) = (0, y + 1);
-            }
-        }
-        let offset_channels = 2 * g.offset_groups * taps;
-        for k in 0..taps {
-            let (i, j) = (k / g.kw, k % g.kw);
-            let ch = og * taps + k;
-            let dy0 = (image * offset_channels + 2 * ch) * pixels + start;
-            let mask = src
-                .mask
-                .map(|m| &m[(image * g.offset_groups * taps + ch) * pixels + start..][..len]);
-            let run = ColumnRun {
-                at: k * len,
-                base_y: &self.base_y[..len],
-                base_x: &self.base_x[..len],
-                tap_y: T::from_usize(i * g.dil_h),
-                tap_x: T::from_usize(j * g.dil_w),
-                dy: &offset[dy0..][..len],
-                dx: &offset[dy0 + pixels..][..len],
-                m: mask,
-                plane0: 0,
-            };
-            locate::fill_columns(
-                &mut self.columns,
-                src.convention,
-                layout,
-                &run,
-                Fields::Forward,
-            );
-        }
-        true
-    }
-
-    /// The table build under rule `R`, entry by entry ([`Tap::with_rule`]).
-    #[inline(always)]
-    fn build_rows<R: Rule>(
-        &mut self,
-        src: &Source<'_, T>,
-        (offset, image, og, start, len): Rows<'_, T>,
-    ) {
-        let g = src.geo;
-        let layout = PlaneLayout::for_convention(R::CONVENTION, g.h, g.w);
-        let taps = g.taps();
-        let pixels = g.out_pixels();
-        let offset_channels = 2 * g.offset_groups * taps;
-        for k in 0..taps {
-            let (i, j) = (k / g.kw, k % g.kw);
-            let ch = og * taps + k;
-            let dy0 = (image * offset_channels + 2 * ch) * pixels + start;
-            let m0 = (image * g.offset_groups * taps + ch) * pixels + start;
-            let (mut y, mut x) = (start / g.w_out, start % g.w_out);
-            let off_y = (i * g.dil_h) as isize - g.pad_top as isize;
-            let off_x = (j * g.dil_w) as isize - g.pad_left as isize;
-            for q in 0..len {
-                let base_y = (y * g.stride_h) as isize + off_y;
-                let base_x = (x * g.stride_w) as isize + off_x;
-                // `match`, not `map_or`: a closure left out of line loses the features.
-                let m = match src.mask {
-                    Some(mask) => mask[m0 + q],
-                    None => T::ONE,
-                };
-                let (dy, dx) = (offset[dy0 + q], offset[dy0 + pixels + q]);
-                let tap = Tap::with_rule::<R>(layout, 0, (base_y, dy), (base_x, dx), m);
-                self.columns.set(k * len + q, &tap);
-                x += 1;
-                if x == g.w_out {
-                    x = 0;
-                    y += 1;
-                }
-            }
-        }
+        let tile = [Piece {
+            image,
+            pixels: start..start + len,
+            col0: 0,
+        }];
+        let (columns, bases) = (&mut self.columns, &mut self.bases);
+        build_table(columns, &table, image, &tile, Fields::Forward, bases);
     }
 }
-
-/// The offsets and `(image, offset group, start, len)` of a table build.
-type Rows<'a, T> = (&'a [T], usize, usize, usize, usize);
 
 /// One tap's row of a built [`SampleTable`]: what the gathers read.
 #[derive(Clone, Copy)]
@@ -396,119 +282,6 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
                 ld: self.ld,
             };
             channel_lanes::interpolate_tap(b, self.image, rows, &tap, self.len, out);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::geometry::Geometry;
-    use crate::params::ConvParams;
-
-    /// The vector table build (on the backend of `isa`, each CI cap) gives the scalar build's
-    /// bits ([`Tap::with_rule`]) under every convention, in `f32` and `f64`, on offsets that
-    /// hit every branch of the rules: exact integers, tiny fractions, the `-1` and `H - 1`
-    /// borders, NaN, infinities, huge values (the scalar fallback), one-row planes and ragged
-    /// pixel ranges.
-    #[test]
-    fn vector_build_equals_scalar_build() {
-        vector_build_case::<f32>();
-        vector_build_case::<f64>();
-    }
-
-    fn vector_build_case<T: Float>() {
-        let specials = [
-            0.0f32,
-            -1.0,
-            1.0,
-            -0.5,
-            2.0,
-            -3.0,
-            5.999_999_5,
-            -1.000_000_1,
-            f32::NAN,
-            f32::INFINITY,
-            -1e30,
-            4_194_304.0,
-            -4_194_303.5,
-            1e-30,
-            -1e-30,
-            -0.0,
-        ]
-        .map(|v| T::from_f64(f64::from(v)));
-        let mut state = 5u32;
-        let mut next = move || {
-            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            state >> 8
-        };
-        for &(h, w, k, stride, pad, dil) in &[
-            (7, 6, 3, 1, 1, 1),
-            (9, 13, 2, 2, 0, 3),
-            (5, 5, 3, 1, 4, 2),
-            (1, 4, 2, 1, 1, 1),
-        ] {
-            let params = ConvParams::default()
-                .padding(pad, pad)
-                .stride(stride, stride)
-                .dilation(dil, dil)
-                .offset_groups(2);
-            let geo = Geometry::new([1, 4, h, w], [3, 4, k, k], &params).unwrap();
-            let offset: Vec<T> = (0..2 * 2 * k * k * geo.out_pixels())
-                .map(|_| {
-                    let r = next();
-                    if r % 3 == 0 {
-                        specials[(r as usize / 3) % specials.len()]
-                    } else {
-                        T::from_f64(f64::from(r % 4096) / 256.0 - 8.0)
-                    }
-                })
-                .collect();
-            // Exactly-integer samples on the first output row: with padding, tap row 0 sits
-            // exactly on -1 there (outside by torchvision's rule).
-            let mut offset = offset;
-            for ch in 0..2 * k * k {
-                for x in 0..geo.w_out {
-                    offset[(2 * ch) * geo.out_pixels() + x] = T::ZERO;
-                }
-            }
-            let mask: Vec<T> = (0..2 * k * k * geo.out_pixels())
-                .map(T::from_usize)
-                .collect();
-            let conventions = [Convention::Torchvision, Convention::Mmcv, Convention::DcnV1];
-            let ranges = [(0, geo.out_pixels()), (1, geo.out_pixels() - 1), (3, 5)];
-            for (convention, (start, len)) in
-                conventions.into_iter().flat_map(|c| ranges.map(|r| (c, r)))
-            {
-                let src = Source {
-                    geo: &geo,
-                    convention,
-                    input: &[],
-                    offset: Some(&offset),
-                    mask: Some(&mask),
-                };
-                for og in 0..2 {
-                    let rows = (&offset[..], 0, og, start, len);
-                    let mut vector = SampleTable::<T>::default();
-                    vector.columns.resize(geo.taps() * len);
-                    assert!(vector.build_vector(&src, rows));
-                    let mut scalar = SampleTable::<T>::default();
-                    scalar.columns.resize(geo.taps() * len);
-                    match convention {
-                        Convention::Torchvision => scalar.build_rows::<TorchvisionRule>(&src, rows),
-                        Convention::Mmcv => scalar.build_rows::<MmcvRule>(&src, rows),
-                        Convention::DcnV1 => scalar.build_rows::<DcnV1Rule>(&src, rows),
-                    }
-                    let (v, s) = (&vector.columns, &scalar.columns);
-                    let at = format!("{convention:?} {h}x{w} k{k} og{og} {start}+{len}");
-                    assert_eq!(v.scatter, s.scatter, "cells {at}");
-                    let bits = |c: &[T]| c.iter().map(|v| v.to_f64().to_bits()).collect::<Vec<_>>();
-                    for t in 0..4 {
-                        assert_eq!(bits(&v.weights[t]), bits(&s.weights[t]), "weights {t} {at}");
-                    }
-                    assert_eq!(bits(&v.m), bits(&s.m), "mask {at}");
-                }
-            }
         }
     }
 }

@@ -1,11 +1,12 @@
 //! The compute kernels of the fast path: column gathers (dense im2col; the deformable bilinear
 //! gather in `gather`, a vector of channels at a time from pixel-major images (`pixel_major`):
 //! written once over the backend's vectors in `channel_lanes`, with a paired AVX-512 `f32` form
-//! for at most 8 channels in `channel_gather`; the table built a vector of pixels at a time by
-//! `locate`), the GEMM (`gemm`), and the backward's sampling table (`taps`, in column form
-//! `columns`), its fused pass for every deformable problem (col2im with the offset and mask
-//! gradients and the columns, on pixel-major planes a vector of channels at a time:
-//! `channel_backward`) and the dense convolution's per-channel loops (`dense_backward`).
+//! for at most 8 channels in `channel_gather`), the GEMM (`gemm`), the sampling table of a tile
+//! for both passes (`tile_table`: its entry `taps`, its column form `columns`, built a vector
+//! of pixels at a time by `locate`), the backward's fused pass for every deformable problem
+//! (col2im with the offset and mask gradients and the columns, on pixel-major planes a vector
+//! of channels at a time: `channel_backward`) and the dense convolution's per-channel loops
+//! (`dense_backward`).
 //!
 //! # The column tile
 //!
@@ -41,6 +42,7 @@ pub(crate) mod im2col;
 pub(crate) mod locate;
 pub(crate) mod pixel_major;
 pub(crate) mod taps;
+pub(crate) mod tile_table;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod transpose;
 
