@@ -107,26 +107,23 @@ fn build_vector<T: Float>(
 ) {
     let g = src.geo;
     let (taps, hw) = (g.taps(), g.out_pixels());
-    bases.y.clear();
-    bases.x.clear();
+    bases.y.resize(width, T::ZERO);
+    bases.x.resize(width, T::ZERO);
     for pc in tile {
+        let columns = pc.col0..pc.col0 + pc.pixels.len();
+        let (ys, xs) = (&mut bases.y[columns.clone()], &mut bases.x[columns]);
         // Row-major pixels, walked without a division per pixel.
         let (mut y, mut x) = (pc.pixels.start / g.w_out, pc.pixels.start % g.w_out);
-        for _ in pc.pixels.clone() {
+        for (by, bx) in ys.iter_mut().zip(xs) {
             // Integers below 2^22 (`vector_fits`), exact in T.
-            bases
-                .y
-                .push(T::from_usize(y * g.stride_h) - T::from_usize(g.pad_top));
-            bases
-                .x
-                .push(T::from_usize(x * g.stride_w) - T::from_usize(g.pad_left));
+            *by = T::from_usize(y * g.stride_h) - T::from_usize(g.pad_top);
+            *bx = T::from_usize(x * g.stride_w) - T::from_usize(g.pad_left);
             x += 1;
             if x == g.w_out {
                 (y, x) = (y + 1, 0);
             }
         }
     }
-    debug_assert_eq!(bases.y.len(), width);
     for k in 0..taps {
         let (i, j) = (k / g.kw, k % g.kw);
         let ch = src.og * taps + k;
