@@ -11,7 +11,7 @@ use super::taps::PlaneLayout;
 use super::tile_table::{build_table, Bases, TableSource};
 use super::{Source, TileRows, TileSpan};
 use crate::float::Float;
-use crate::plan::backward::Piece;
+use crate::plan::Piece;
 use std::ops::Range;
 
 /// The samples of one `(image, offset group, pixel range)`, for every tap: entry `r = k * len

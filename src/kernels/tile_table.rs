@@ -11,7 +11,7 @@ use super::taps::{DcnV1Rule, MmcvRule, PlaneLayout, Rule, Tap, TorchvisionRule};
 use crate::convention::Convention;
 use crate::float::Float;
 use crate::geometry::Geometry;
-use crate::plan::backward::Piece;
+use crate::plan::Piece;
 
 /// What a tile's table is computed from: one offset group's offsets and mask, sampled on the
 /// convention's padded planes.

@@ -60,16 +60,7 @@ pub(crate) const MIN_TILE_PIXELS: usize = 64;
 /// 1.17/42.36 at 8 (best rounds 1.01/39.73, 1.00/39.64, 1.10/40.71).
 pub(crate) const MIN_TASKS: usize = 4;
 
-/// One contiguous run of output pixels of one image inside a tile.
-#[derive(Debug, Clone)]
-pub(crate) struct Piece {
-    /// Image index `n`.
-    pub(crate) image: usize,
-    /// Pixel range `p0..p1` (row-major `y * W_out + x`).
-    pub(crate) pixels: Range<usize>,
-    /// Column of `p0` in the tile.
-    pub(crate) col0: usize,
-}
+pub(crate) use super::Piece;
 
 /// A set of whole images processed by one task, as a list of tiles.
 #[derive(Debug, Clone)]

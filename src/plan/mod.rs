@@ -21,3 +21,17 @@
 
 pub(crate) mod backward;
 pub(crate) mod forward;
+
+use std::ops::Range;
+
+/// One contiguous run of output pixels of one image inside a tile: a backward tile holds
+/// pieces of several images, a forward table one (`kernels::tile_table`).
+#[derive(Debug, Clone)]
+pub(crate) struct Piece {
+    /// Image index `n`.
+    pub(crate) image: usize,
+    /// Pixel range `p0..p1` (row-major `y * W_out + x`).
+    pub(crate) pixels: Range<usize>,
+    /// Column of `p0` in the tile.
+    pub(crate) col0: usize,
+}
