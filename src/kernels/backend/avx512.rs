@@ -26,8 +26,9 @@ impl Avx512 {
     }
 }
 
-/// 16 `f32` lanes.
+/// 16 `f32` lanes (`repr(transparent)`: its arrays are arrays of `__m512`, see `transpose`).
 #[derive(Debug, Clone, Copy)]
+#[repr(transparent)]
 pub(crate) struct F32x16(__m512);
 
 /// 8 `f64` lanes.
@@ -175,10 +176,14 @@ impl Lanes<f32, Avx512> for F32x16 {
     #[inline(always)]
     fn transpose(_: Avx512, rows: &mut [Self]) {
         let r: &mut [Self; 16] = rows.try_into().expect("16 rows");
-        let mut block = r.map(|v| v.0);
-        // SAFETY: AVX-512F (a value exists).
-        unsafe { crate::kernels::transpose::transpose16(&mut block) };
-        *r = block.map(F32x16);
+        // In place: `r.map(|v| v.0)` and back went out of line through `array::try_map` and
+        // two `memcpy`s (3% of the W4 forward, 1 thread, AMD Zen 4 profile).
+        // SAFETY: `F32x16` is `repr(transparent)` over `__m512`, so both arrays have one
+        // layout; AVX-512F (a value exists).
+        unsafe {
+            let block = &mut *(r as *mut [Self; 16]).cast::<[__m512; 16]>();
+            crate::kernels::transpose::transpose16(block)
+        };
     }
 }
 
