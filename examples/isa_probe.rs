@@ -101,7 +101,7 @@ fn run<T: Float>(wl: &deformconv::workloads::Workload, iters: usize) {
         std::hint::black_box(r);
     });
     println!(
-        "{} {}: forward {:.2} ms ({:.1} GFLOP/s), dense forward {:.2} ms ({:.1}), full backward {:.2} ms ({:.1} at 2x the forward's flops), dense backward {:.2} ms",
+        "{} {}: forward {:.3} ms ({:.1} GFLOP/s), dense forward {:.3} ms ({:.1}), full backward {:.3} ms ({:.1} at 2x the forward's flops), dense backward {:.3} ms",
         wl.name,
         T::NAME,
         fwd * 1e3,
