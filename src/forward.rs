@@ -14,7 +14,8 @@
 //!
 //! **Workspace** per concurrently running tile: a column tile of
 //! `C_in/groups * kh * kw * len` elements with `len` chosen to keep it near 1 MiB (at least 48
-//! pixels: `max(1 MiB, 48 * C_in/groups * kh * kw * size_of::<T>())`), a sampling table of
+//! pixels; 192 pixels, at most 8 MiB, where 48 already overflow 1 MiB or where the GEMM
+//! repacks the weight per tile: see `plan::forward`), a sampling table of
 //! `kh * kw * len * (5 * size_of::<T>() + 4)` bytes for the deformable gather, the GEMM's
 //! packed block (`256 * len` elements at most) and, for tiles spanning images, an output block
 //! of `C_out/groups * len` elements; once per call, the packed weight (its own size, `f32` on
@@ -231,7 +232,8 @@ fn run_in_pool<T: Float>(
     let bias = bias.as_ref().map(slice_of).transpose()?;
 
     let elem = std::mem::size_of::<T>();
-    let (tile_len, tiles) = plan::forward_tiles(geo, elem);
+    let repacks = crate::kernels::gemm::repacks_weight::<T>();
+    let (tile_len, tiles) = plan::forward_tiles(geo, elem, repacks);
     let depth = geo.c_in_per_group() * geo.taps();
     let rows = geo.c_out_per_group();
     let cols_len = checked_elements("column tile", &[depth, tile_len], elem)?;

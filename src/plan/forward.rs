@@ -22,24 +22,31 @@ const COLUMN_BUDGET_BYTES: usize = 1 << 20;
 /// 0.42/18.86/51.21 at 96).
 const LANE_MULTIPLE: usize = 48;
 
-/// Tile lengths where even [`LANE_MULTIPLE`] pixels overflow [`COLUMN_BUDGET_BYTES`] (W2 and
-/// W2s in `f64`: 4608 rows of 8 bytes): the tile cannot stay in L2 whatever its length, and
-/// every tile streams the whole weight (19 MB for W2 in `f64`) past it, so fewer, longer tiles
-/// pay. `isa_probe`, `f64`, AVX-512, 2 threads, AMD Zen 4, 8 alternating rounds, min: W2
-/// forward 51.3 ms at 48, 47.5 at 96, 45.4 at 192; W2s 55.8 / 50.1 / 48.0. Shapes whose
-/// 48-pixel tile fits are not changed: there longer tiles lost (W4 `f64` forward 108 -> 117
-/// -> 123 ms at 48 / 96 / 192, `f32` W2 19.5 -> 21.6 at 192). This rule against 48 (W2 `f64`
-/// forward, min of 8 alternating rounds): AVX-512 50.4 -> 46.0 ms, AVX2 61.1 -> 50.8, portable
-/// 55.8 -> 46.4 (5 rounds); `f32` level.
-const OVERFLOW_MULTIPLE: usize = 4 * LANE_MULTIPLE;
+/// Tile lengths where the weight is packed once per tile, not once per call: where even
+/// [`LANE_MULTIPLE`] pixels overflow [`COLUMN_BUDGET_BYTES`], or where the GEMM packs its
+/// operands itself on every product (matrixmultiply, on the portable and scalar backends).
+///
+/// Overflow (W2 and W2s in `f64`: 4608 rows of 8 bytes): the tile cannot stay in L2 whatever
+/// its length, and every tile streams the whole weight (19 MB for W2 in `f64`) past it, so
+/// fewer, longer tiles pay. `isa_probe`, `f64`, AVX-512, 2 threads, AMD Zen 4, 8 alternating
+/// rounds, min: W2 forward 51.3 ms at 48, 47.5 at 96, 45.4 at 192; W2s 55.8 / 50.1 / 48.0.
+/// Shapes whose 48-pixel tile fits are not changed: there longer tiles lost (W4 `f64` forward
+/// 108 -> 117 -> 123 ms at 48 / 96 / 192, `f32` W2 19.5 -> 21.6 at 192). This rule against
+/// 48 (W2 `f64` forward, min of 8 alternating rounds): AVX-512 50.4 -> 46.0 ms, AVX2 61.1 ->
+/// 50.8, portable 55.8 -> 46.4 (5 rounds); `f32` level.
+///
+/// Repacking GEMM: matrixmultiply packed W2's 9.4 MB weight again for every 48-pixel tile,
+/// 32% of the portable `f32` W2 forward (1 thread, AMD Zen 4 profile). Tiles of 192 against
+/// 48 / 96 (`isa_probe`, 2 threads, same Zen 4, median of 5 alternating rounds, ms): portable
+/// `f32` W2 forward 36.1 -> 30.3, W4 73.6 -> 69.7, W1 level (0.69 / 0.68); scalar `f32` W2
+/// 34.5 -> 29.9, W4 82.3 -> 78.8, W1 level; portable `f64` W2 level (192 already), W4 123.9
+/// -> 128.0 (its minima 122.3 / 124.4).
+const LONG_MULTIPLE: usize = 4 * LANE_MULTIPLE;
 
-/// The longest column tile [`OVERFLOW_MULTIPLE`] may make, per thread (W2 in `f64`: 7.1 MB);
+/// The longest column tile [`LONG_MULTIPLE`] may make, per thread (W2 in `f64`: 7.1 MB);
 /// wider layers keep [`LANE_MULTIPLE`], so the forward's workspace stays bounded.
-const OVERFLOW_TILE_BYTES: usize = 8 << 20;
+const LONG_TILE_BYTES: usize = 8 << 20;
 
-/// Enough tiles for two threads to balance (a thread's last tile is at most 1/8 of its work).
-/// 8 measured level and 32 no better (same run as [`LANE_MULTIPLE`]: W1/W2 forward median
-/// of the rounds 0.42/19.23 ms at 16 and at 8, 0.46/21.41 at 32).
 const MIN_TILES: usize = 16;
 
 /// One unit of forward work: the flat output pixels `first .. first + len` of the batch (flat
@@ -91,13 +98,14 @@ impl Tile {
 /// Flat pixels per tile for a column buffer of `rows = C_in/groups * kh * kw` rows of
 /// `elem_bytes`-sized elements and `total` flat pixels: as many as fit
 /// [`COLUMN_BUDGET_BYTES`] but few enough for [`MIN_TILES`] tiles, a multiple of
-/// [`LANE_MULTIPLE`] (at least one; of [`OVERFLOW_MULTIPLE`] where one `LANE_MULTIPLE` already
-/// overflows the budget, up to [`OVERFLOW_TILE_BYTES`]), at most `total`.
-pub(crate) fn tile_len(rows: usize, total: usize, elem_bytes: usize) -> usize {
+/// [`LANE_MULTIPLE`] (at least one; of [`LONG_MULTIPLE`] where one `LANE_MULTIPLE` already
+/// overflows the budget or the GEMM `repacks` its weight per tile, up to [`LONG_TILE_BYTES`]),
+/// at most `total`.
+pub(crate) fn tile_len(rows: usize, total: usize, elem_bytes: usize, repacks: bool) -> usize {
     let fit = COLUMN_BUDGET_BYTES / (rows.max(1) * elem_bytes.max(1));
-    let long_tile_bytes = rows.saturating_mul(elem_bytes * OVERFLOW_MULTIPLE);
-    let multiple = if fit < LANE_MULTIPLE && long_tile_bytes <= OVERFLOW_TILE_BYTES {
-        OVERFLOW_MULTIPLE
+    let long_tile_bytes = rows.saturating_mul(elem_bytes * LONG_MULTIPLE);
+    let multiple = if (repacks || fit < LANE_MULTIPLE) && long_tile_bytes <= LONG_TILE_BYTES {
+        LONG_MULTIPLE
     } else {
         LANE_MULTIPLE
     };
@@ -107,12 +115,22 @@ pub(crate) fn tile_len(rows: usize, total: usize, elem_bytes: usize) -> usize {
 }
 
 /// The tiles of a forward pass: consecutive flat pixel ranges of [`tile_len`] pixels over the
-/// whole batch (the last one possibly shorter). They depend on the geometry only; and since
-/// every output element's arithmetic is independent of where tiles begin, an image gets the
-/// same bits in any batch.
-pub(crate) fn forward_tiles(geo: &Geometry, elem_bytes: usize) -> (usize, Vec<Tile>) {
+/// whole batch (the last one possibly shorter). They depend on the geometry and the GEMM
+/// engine only (`repacks`: see [`LONG_MULTIPLE`]), never on the thread count; and since every
+/// output element's arithmetic is independent of where tiles begin, an image gets the same
+/// bits in any batch.
+pub(crate) fn forward_tiles(
+    geo: &Geometry,
+    elem_bytes: usize,
+    repacks: bool,
+) -> (usize, Vec<Tile>) {
     let total = geo.n * geo.out_pixels();
-    let len = tile_len(geo.c_in_per_group() * geo.taps(), total, elem_bytes);
+    let len = tile_len(
+        geo.c_in_per_group() * geo.taps(),
+        total,
+        elem_bytes,
+        repacks,
+    );
     let tiles = (0..total)
         .step_by(len.max(1))
         .map(|first| Tile {
@@ -151,18 +169,25 @@ mod tests {
             (1, 1),
             (10_000_000, 7),
         ] {
-            let len = tile_len(rows, total, 4);
-            assert!(len >= 1 && len <= total);
-            assert!(len == total || len.is_multiple_of(LANE_MULTIPLE));
+            for repacks in [false, true] {
+                let len = tile_len(rows, total, 4, repacks);
+                assert!(len >= 1 && len <= total);
+                assert!(len == total || len.is_multiple_of(LANE_MULTIPLE));
+            }
         }
-        assert_eq!(tile_len(4608, 16 * 49, 4), 48);
-        assert_eq!(tile_len(2304, 2 * 4096, 4), 96);
-        assert_eq!(tile_len(72, 64 * 144, 4), 576);
+        assert_eq!(tile_len(4608, 16 * 49, 4, false), 48);
+        assert_eq!(tile_len(2304, 2 * 4096, 4, false), 96);
+        assert_eq!(tile_len(72, 64 * 144, 4, false), 576);
         // f64: W2's 48-pixel tile overflows the budget, so its tiles grow; W4's fits and stays;
         // a layer too wide for a long tile keeps the short one.
-        assert_eq!(tile_len(4608, 16 * 49, 8), 192);
-        assert_eq!(tile_len(2304, 2 * 4096, 8), 48);
-        assert_eq!(tile_len(100_000, 4096, 8), 48);
+        assert_eq!(tile_len(4608, 16 * 49, 8, false), 192);
+        assert_eq!(tile_len(2304, 2 * 4096, 8, false), 48);
+        assert_eq!(tile_len(100_000, 4096, 8, false), 48);
+        // A GEMM that repacks the weight per tile gets long tiles, within the same bound.
+        assert_eq!(tile_len(4608, 16 * 49, 4, true), 192);
+        assert_eq!(tile_len(2304, 2 * 4096, 4, true), 192);
+        assert_eq!(tile_len(72, 64 * 144, 4, true), 576);
+        assert_eq!(tile_len(100_000, 4096, 4, true), 48);
     }
 
     #[test]

@@ -115,6 +115,12 @@ pub(crate) fn shape<T: Float>() -> (usize, usize) {
     dispatch(Shape::<T>(std::marker::PhantomData))
 }
 
+/// Whether the process's backend multiplies by matrixmultiply, which packs both operands
+/// again on every product (so the forward's tiles are longer there, see `plan::forward`).
+pub(crate) fn repacks_weight<T: Float>() -> bool {
+    shape::<T>() == (0, 0)
+}
+
 /// `c[o * ldc + q] = init[o, q] + sum_r a[o, r] * b[r, q]` for `o < rows`, `q < len`, with
 /// `init` the bias, zero (then `c` is never read) or `c` itself. `bp` is the caller's
 /// reusable buffer for the packed `B` block.
