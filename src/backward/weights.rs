@@ -70,12 +70,9 @@ pub(super) fn permute_weight<T: Float>(g: &Geometry, ops: &Operands<'_, T>) -> W
             .enumerate()
             .for_each(|(o, row)| {
                 let src = &weight[(seg.conv_group * cog + o) * cink + c0 * k_taps..][..cs * k_taps];
-                // row[k * cs + c] = src[c * K + k]: a cs x K transpose.
-                for (c, taps) in src.chunks_exact(k_taps).enumerate() {
-                    for (k, &v) in taps.iter().enumerate() {
-                        row[k * cs + c] = v;
-                    }
-                }
+                // row[k * cs + c] = src[c * K + k]: a cs x K transpose, in registers (the
+                // element loop it replaced was 1.5% of W2's full backward, AVX-512 profile).
+                crate::kernels::pixel_major::to_pixel_major(src, cs, k_taps, k_taps, row);
             });
         let rows = cs * k_taps;
         let blocks = (0..rows)
