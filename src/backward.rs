@@ -48,7 +48,8 @@
 //! their border, `(H + 2) * (W + 3)`, with [`Error::TooLarge`]: a task addresses its planes with
 //! `i32` indices (the forward likewise refuses planes past `2^31 - 1` pixels).
 //!
-//! Threads come from the caller's rayon pool (`ThreadPool::install`).
+//! Threads come from the caller's rayon pool (`ThreadPool::install`), else from the crate's own
+//! pool, which survives `fork` (`crate::pool`).
 
 mod driver;
 mod gemms;
@@ -580,7 +581,7 @@ pub fn conv2d_grad_weight_into<T: Float>(
 }
 
 /// Frees the scratch buffers the backward keeps between calls (at most 32 MiB per thread) on
-/// every thread of the current rayon pool and on the calling thread. Call it from inside
+/// every thread of the pool the crate computes on and on the calling thread. Call it from inside
 /// `ThreadPool::install` for a pool of your own. The next backward allocates them again.
 pub fn release_cached_scratch() {
     crate::scratch::clear_all();

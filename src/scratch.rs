@@ -125,9 +125,10 @@ pub(crate) fn clear() {
     });
 }
 
-/// Frees the cached buffers of every thread of the current rayon pool and of the caller.
+/// Frees the cached buffers of every thread of the pool the crate computes on (the caller's, or
+/// the crate's own: [`crate::pool`]) and of the caller.
 pub(crate) fn clear_all() {
-    rayon::broadcast(|_| clear());
+    crate::pool::on_pool(|| rayon::broadcast(|_| clear()));
     clear();
 }
 

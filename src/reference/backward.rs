@@ -142,55 +142,59 @@ pub(crate) fn sample_sums<T: Float>(
     let (kk, row_len) = (g.taps(), g.c_in * g.taps());
     let x = pr.input();
     let tasks = pixel_tasks(g);
-    let blocks: Vec<Vec<f64>> = tasks
-        .par_iter()
-        .map(|(n, pixels)| {
-            let n = *n;
-            let gcol = pr.column_gradients(n, pixels.clone());
-            let mut res = Vec::with_capacity(pixels.len() * shape[1]);
-            for (p, row) in pixels.clone().zip(gcol.chunks_exact(row_len.max(1))) {
-                for og in 0..g.offset_groups {
-                    for k in 0..kk {
-                        let t = pr.tap(n, og, k, p);
-                        let channels =
-                            og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
-                        match kind {
-                            SampleSum::Offset => {
-                                let (mut sy, mut sx) = (0.0, 0.0);
-                                for c in channels {
-                                    let gc = row[c * kk + k];
-                                    let (wy, wx) =
-                                        coordinate_weights(pr.conv, &x, n, c, t.py, t.px);
-                                    sy += gc * t.m * wy;
-                                    sx += gc * t.m * wx;
+    let blocks: Vec<Vec<f64>> = crate::pool::on_pool(|| {
+        tasks
+            .par_iter()
+            .map(|(n, pixels)| {
+                let n = *n;
+                let gcol = pr.column_gradients(n, pixels.clone());
+                let mut res = Vec::with_capacity(pixels.len() * shape[1]);
+                for (p, row) in pixels.clone().zip(gcol.chunks_exact(row_len.max(1))) {
+                    for og in 0..g.offset_groups {
+                        for k in 0..kk {
+                            let t = pr.tap(n, og, k, p);
+                            let channels =
+                                og * g.c_per_offset_group()..(og + 1) * g.c_per_offset_group();
+                            match kind {
+                                SampleSum::Offset => {
+                                    let (mut sy, mut sx) = (0.0, 0.0);
+                                    for c in channels {
+                                        let gc = row[c * kk + k];
+                                        let (wy, wx) =
+                                            coordinate_weights(pr.conv, &x, n, c, t.py, t.px);
+                                        sy += gc * t.m * wy;
+                                        sx += gc * t.m * wx;
+                                    }
+                                    res.extend([sy, sx]);
                                 }
-                                res.extend([sy, sx]);
-                            }
-                            SampleSum::Mask => {
-                                let s: f64 = channels
-                                    .map(|c| {
-                                        row[c * kk + k] * bilinear(pr.conv, &x, n, c, t.py, t.px)
-                                    })
-                                    .sum();
-                                res.push(s);
-                            }
-                            SampleSum::OffsetMagnitude => {
-                                let (mut sy, mut sx) = (0.0, 0.0);
-                                for c in channels {
-                                    let (ay, ax) = corner_magnitudes(pr.conv, &x, n, c, t.py, t.px);
-                                    sy += row[c * kk + k] * ay;
-                                    sx += row[c * kk + k] * ax;
+                                SampleSum::Mask => {
+                                    let s: f64 = channels
+                                        .map(|c| {
+                                            row[c * kk + k]
+                                                * bilinear(pr.conv, &x, n, c, t.py, t.px)
+                                        })
+                                        .sum();
+                                    res.push(s);
                                 }
-                                res.extend([t.m * sy, t.m * sx]);
+                                SampleSum::OffsetMagnitude => {
+                                    let (mut sy, mut sx) = (0.0, 0.0);
+                                    for c in channels {
+                                        let (ay, ax) =
+                                            corner_magnitudes(pr.conv, &x, n, c, t.py, t.px);
+                                        sy += row[c * kk + k] * ay;
+                                        sx += row[c * kk + k] * ax;
+                                    }
+                                    res.extend([t.m * sy, t.m * sx]);
+                                }
                             }
                         }
                     }
                 }
-            }
-            debug_assert_eq!(res.len(), pixels.len() * g.offset_groups * kk * per_sample);
-            res
-        })
-        .collect();
+                debug_assert_eq!(res.len(), pixels.len() * g.offset_groups * kk * per_sample);
+                res
+            })
+            .collect()
+    });
     scatter_pixels(&mut grad, &tasks, &blocks);
     Ok(grad)
 }
@@ -307,29 +311,33 @@ pub fn grad_weight<T: Float>(
                 .map(move |c0| (grp, c0..(c0 + block).min(cig)))
         })
         .collect();
-    let blocks: Vec<Vec<f64>> = tasks
-        .par_iter()
-        .map(|(grp, cis)| {
-            let channels = grp * cig + cis.start..grp * cig + cis.end;
-            let width = cis.len() * kk;
-            let cols: Vec<Vec<f64>> = (0..g.n)
-                .map(|n| pr.columns(n, 0..hw, channels.clone()))
-                .collect();
-            // [o'][(c' - start) * K + k]
-            let mut res = vec![0.0; cog * width];
-            for (ol, acc) in res.chunks_exact_mut(width.max(1)).enumerate() {
-                let o = grp * cog + ol;
-                for (n, cols) in cols.iter().enumerate() {
-                    for (&go, row) in pr.grad_out_plane(n, o).iter().zip(cols.chunks_exact(width)) {
-                        for (a, &col) in acc.iter_mut().zip(row) {
-                            *a += go * col;
+    let blocks: Vec<Vec<f64>> = crate::pool::on_pool(|| {
+        tasks
+            .par_iter()
+            .map(|(grp, cis)| {
+                let channels = grp * cig + cis.start..grp * cig + cis.end;
+                let width = cis.len() * kk;
+                let cols: Vec<Vec<f64>> = (0..g.n)
+                    .map(|n| pr.columns(n, 0..hw, channels.clone()))
+                    .collect();
+                // [o'][(c' - start) * K + k]
+                let mut res = vec![0.0; cog * width];
+                for (ol, acc) in res.chunks_exact_mut(width.max(1)).enumerate() {
+                    let o = grp * cog + ol;
+                    for (n, cols) in cols.iter().enumerate() {
+                        for (&go, row) in
+                            pr.grad_out_plane(n, o).iter().zip(cols.chunks_exact(width))
+                        {
+                            for (a, &col) in acc.iter_mut().zip(row) {
+                                *a += go * col;
+                            }
                         }
                     }
                 }
-            }
-            res
-        })
-        .collect();
+                res
+            })
+            .collect()
+    });
     let dst = grad.as_slice_mut().expect("standard layout");
     for ((grp, cis), block) in tasks.iter().zip(&blocks) {
         let width = cis.len() * kk;

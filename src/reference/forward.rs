@@ -73,32 +73,34 @@ pub fn deform_conv2d<T: Float>(
         }
     }
     let tasks = pixel_tasks(g);
-    let blocks: Vec<Vec<f64>> = tasks
-        .par_iter()
-        .map(|(n, pixels)| {
-            let cols = pr.columns(*n, pixels.clone(), 0..g.c_in);
-            let mut res = vec![0.0; pixels.len() * g.c_out];
-            let row_len = g.c_in * kk;
-            for (ol, a) in res.iter_mut().enumerate() {
-                *a = bias.as_ref().map_or(0.0, |b| b[ol % g.c_out.max(1)]);
-            }
-            // Term e outermost so that each weight column serves every pixel of the run; each
-            // sum still adds its terms in increasing e = c' * K + k after the bias.
-            for grp in 0..g.groups {
-                for e in 0..cig * kk {
-                    let ws = &by_column[(grp * cig * kk + e) * cog..][..cog];
-                    for (p, outs) in res.chunks_exact_mut(g.c_out.max(1)).enumerate() {
-                        let col = cols[p * row_len + grp * cig * kk + e];
-                        let acc = &mut outs[grp * cog..(grp + 1) * cog];
-                        for (a, &w) in acc.iter_mut().zip(ws) {
-                            *a += w * col;
+    let blocks: Vec<Vec<f64>> = crate::pool::on_pool(|| {
+        tasks
+            .par_iter()
+            .map(|(n, pixels)| {
+                let cols = pr.columns(*n, pixels.clone(), 0..g.c_in);
+                let mut res = vec![0.0; pixels.len() * g.c_out];
+                let row_len = g.c_in * kk;
+                for (ol, a) in res.iter_mut().enumerate() {
+                    *a = bias.as_ref().map_or(0.0, |b| b[ol % g.c_out.max(1)]);
+                }
+                // Term e outermost so that each weight column serves every pixel of the run; each
+                // sum still adds its terms in increasing e = c' * K + k after the bias.
+                for grp in 0..g.groups {
+                    for e in 0..cig * kk {
+                        let ws = &by_column[(grp * cig * kk + e) * cog..][..cog];
+                        for (p, outs) in res.chunks_exact_mut(g.c_out.max(1)).enumerate() {
+                            let col = cols[p * row_len + grp * cig * kk + e];
+                            let acc = &mut outs[grp * cog..(grp + 1) * cog];
+                            for (a, &w) in acc.iter_mut().zip(ws) {
+                                *a += w * col;
+                            }
                         }
                     }
                 }
-            }
-            res
-        })
-        .collect();
+                res
+            })
+            .collect()
+    });
     scatter_pixels(&mut out, &tasks, &blocks);
     Ok(out)
 }
@@ -123,24 +125,26 @@ pub fn conv2d<T: Float>(
     let mut out = try_zeros("output", g.out_shape(), 0.0)?;
     let [_, c_out, h_out, w_out] = g.out_shape();
     let slots = out.as_slice_mut().expect("standard layout");
-    slots.par_iter_mut().enumerate().for_each(|(flat, slot)| {
-        let (x, rest) = (flat % w_out, flat / w_out);
-        let (y, rest) = (rest % h_out, rest / h_out);
-        let (o, n) = (rest % c_out, rest / c_out);
-        let group = o / g.c_out_per_group();
-        let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
-        for ci in 0..g.c_in_per_group() {
-            let c = group * g.c_in_per_group() + ci;
-            for i in 0..g.kh {
-                for j in 0..g.kw {
-                    // Exact in i128; past 2^53 the f64 rounding stays far outside the image.
-                    let r = tap_base(y, g.stride_h, g.pad_top, i, g.dil_h) as f64;
-                    let s = tap_base(x, g.stride_w, g.pad_left, j, g.dil_w) as f64;
-                    acc += weight[[o, ci, i, j]].to_f64() * pixel(&input, n, c, r, s);
+    crate::pool::on_pool(|| {
+        slots.par_iter_mut().enumerate().for_each(|(flat, slot)| {
+            let (x, rest) = (flat % w_out, flat / w_out);
+            let (y, rest) = (rest % h_out, rest / h_out);
+            let (o, n) = (rest % c_out, rest / c_out);
+            let group = o / g.c_out_per_group();
+            let mut acc = bias.as_ref().map_or(0.0, |b| b[o].to_f64());
+            for ci in 0..g.c_in_per_group() {
+                let c = group * g.c_in_per_group() + ci;
+                for i in 0..g.kh {
+                    for j in 0..g.kw {
+                        // Exact in i128; past 2^53 the f64 rounding stays far outside the image.
+                        let r = tap_base(y, g.stride_h, g.pad_top, i, g.dil_h) as f64;
+                        let s = tap_base(x, g.stride_w, g.pad_left, j, g.dil_w) as f64;
+                        acc += weight[[o, ci, i, j]].to_f64() * pixel(&input, n, c, r, s);
+                    }
                 }
             }
-        }
-        *slot = acc;
+            *slot = acc;
+        });
     });
     Ok(out)
 }
