@@ -17,6 +17,13 @@ The ops are ``torch.ops.deformconv.deform_conv2d`` and ``torch.ops.deformconv.de
 backward computes only the gradients autograd asks for (``ctx.needs_input_grad``): an offset
 branch that is frozen, or an input that needs no gradient, costs nothing.
 
+Second derivatives (``create_graph=True``: gradient penalties, MAML, Hessian-vector products)
+are exact for every operand and convention: the backward op has its own derivative, computed by
+autograd through the forward written in PyTorch operations (`_second_order`; slower than the
+kernels, and memory proportional to the deformable columns). First derivatives always run on
+the kernels. torchvision's operator gets the same after `use_for_torchvision` (torchvision's own
+kernel refuses double backward).
+
 Threads: this module's ops run our kernels on PyTorch's own OpenMP threads (the libgomp team of
 its operators), as many as ``torch.set_num_threads`` says (`use_openmp`, on from the import). Why: after every parallel PyTorch operator libgomp's idle threads spin for
 milliseconds, and a thread pool of our own would share the cores with them; running on the team
@@ -34,10 +41,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 from torch.nn import init
-from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
-from . import _args, _native
+from . import _args, _native, _second_order
 
 __all__ = ["DeformConv2d", "deform_conv2d", "use_for_torchvision", "restore_torchvision", "use_openmp"]
 
@@ -177,6 +183,27 @@ def _backward(ctx, grad):
 _deform_conv2d_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _setup_backward_context(ctx, inputs, output):
+    grad_out, input, offset, weight, mask, params, convention, needs = inputs
+    ctx.save_for_backward(grad_out, input, offset, weight, mask)
+    ctx.params = params
+    ctx.convention = convention
+    ctx.needs = needs
+
+
+def _backward_of_backward(ctx, *cotangents):
+    """The backward op's own derivative (second derivatives of the convolution): see
+    `_second_order`. The backward's outputs are ``(input, offset, mask, weight, bias)``
+    gradients; its differentiable inputs ``(grad_out, input, offset, weight, mask)``."""
+    grads = _second_order.backward_of_backward(
+        ctx.saved_tensors, cotangents, ctx.params, ctx.convention, ctx.needs
+    )
+    return (*grads, None, None, None)
+
+
+_deform_conv2d_backward_op.register_autograd(_backward_of_backward, setup_context=_setup_backward_context)
+
+
 class _EagerDeformConv2d(torch.autograd.Function):
     """The custom op's forward and backward without PyTorch's dispatcher, for plain eager calls.
 
@@ -196,8 +223,11 @@ class _EagerDeformConv2d(torch.autograd.Function):
         return _forward_kernel(*inputs)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
+        # Under `create_graph=True` (grad mode on here) the gradients must themselves be
+        # differentiable: the backward op carries its own derivative (`_second_order`).
+        if torch.is_grad_enabled():
+            return _gradients(ctx, grad, _deform_conv2d_backward_op)
         return _gradients(ctx, grad, _backward_kernel)
 
 
@@ -504,3 +534,4 @@ def restore_torchvision() -> None:
     """Undoes `use_for_torchvision` (nothing if it is not in effect)."""
     if _override is not None:
         _override.undo()
+
