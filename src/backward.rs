@@ -68,7 +68,8 @@ use crate::float::Float;
 use crate::geometry::Geometry;
 use crate::params::ConvParams;
 
-use problem::{dims, grad_bias_into, row_major, Operand, Problem, Tensors};
+use crate::row_major::row_major;
+use problem::{dims, grad_bias_into, Operand, Problem, Tensors};
 
 /// Which gradients a combined backward computes.
 ///

@@ -41,6 +41,7 @@ mod params;
 mod plan;
 mod pool;
 pub mod reference;
+mod row_major;
 mod sample;
 mod scratch;
 #[cfg(feature = "testing")]
@@ -64,6 +65,7 @@ pub use forward::conv2d_gemm_only_into;
 pub use forward::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into};
 pub use geometry::{checked_elements, Geometry};
 pub use params::{ConvParams, Padding};
+pub use pool::current_num_threads;
 
 /// The `ndarray` this crate's API takes and returns, so that a downstream crate need not pin
 /// the same version by hand.

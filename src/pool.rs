@@ -41,6 +41,13 @@ pub(crate) fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     }
 }
 
+/// The number of threads a call made from this thread computes on: the current rayon pool's
+/// when called inside one (`ThreadPool::install`), else the crate's own pool's
+/// (`RAYON_NUM_THREADS`, else one per core), which this builds if the process has none yet.
+pub fn current_num_threads() -> usize {
+    on_pool(rayon::current_num_threads)
+}
+
 /// The process that built [`POOL`]'s pool (0: none yet).
 static OWNER: AtomicU32 = AtomicU32::new(0);
 /// The crate's pool, built by the process [`OWNER`] names; leaked, so a reference lives forever.

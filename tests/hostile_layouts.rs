@@ -55,6 +55,12 @@ impl Layout {
         perm: [0, 1, 2, 3],
         step: [-1; 4],
     };
+    /// PyTorch's channels_last: stored `[N, H, W, C]` (the forward's deformable gather and the
+    /// backward read it without a row-major copy).
+    const CHANNELS_LAST: Layout = Layout {
+        perm: [0, 2, 3, 1],
+        step: [1; 4],
+    };
     const MIXED: Layout = Layout {
         perm: [1, 0, 3, 2],
         step: [-2, 1, 2, -1],
@@ -462,6 +468,7 @@ fn every_named_layout_for_every_operand() {
         Layout::TRANSPOSED,
         Layout::SLICED,
         Layout::NEGATIVE,
+        Layout::CHANNELS_LAST,
         Layout::MIXED,
     ]
     .into_iter()

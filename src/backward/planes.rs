@@ -4,12 +4,13 @@
 
 use std::ops::Range;
 
-use ndarray::ArrayViewMut3;
+use ndarray::{ArrayView3, ArrayViewMut3, Axis};
 
 use super::operands::ImageOut;
 use super::operands::Scope;
 use super::plan::{ImageGroup, Piece};
 use crate::float::Float;
+use crate::kernels::taps::PlaneLayout;
 
 /// A tile's offset and mask gradients, `[k][tile column]` each.
 pub(super) struct SampleGrads<'b, T> {
@@ -85,7 +86,7 @@ impl<T: Float> Scope<'_, '_, T> {
                 }
                 _ => false,
             };
-            if !copied {
+            if !copied && !copy_channels_last(&image, l, cpo, cells) {
                 for ((c, r, x), &v) in image.indexed_iter() {
                     cells[l.index(r as isize, x as isize) * cpo + c] = v;
                 }
@@ -192,4 +193,36 @@ impl<T: Float> Scope<'_, '_, T> {
             }
         }
     }
+}
+
+/// [`Scope::load_input_pixel_major`]'s copy of a channels_last image (`[C/G_off, H, W]` whose
+/// channels are adjacent in memory): each pixel's channels are a slice already, and a whole
+/// row is one when the image has one offset group. `false` (nothing written) for other
+/// layouts (the caller then copies element by element). W4's full backward (Intel Xeon, AVX-512, 2 threads) took 179 ms with a
+/// channels_last input through the element-wise copy against 148 ms from NCHW.
+fn copy_channels_last<T: Float>(
+    image: &ArrayView3<'_, T>,
+    l: PlaneLayout,
+    cpo: usize,
+    cells: &mut [T],
+) -> bool {
+    let hwc = image.view().permuted_axes([1, 2, 0]);
+    if cpo > 1 && hwc.stride_of(Axis(2)) != 1 {
+        return false;
+    }
+    for (r, row) in hwc.outer_iter().enumerate() {
+        let dst = &mut cells[l.index(r as isize, 0) * cpo..][..l.w * cpo];
+        if let Some(src) = row.to_slice() {
+            dst.copy_from_slice(src);
+            continue;
+        }
+        for (pixel, src) in dst.chunks_exact_mut(cpo.max(1)).zip(row.outer_iter()) {
+            // Stride 1 (checked above); otherwise the caller's copy overwrites every cell.
+            let Some(src) = src.to_slice() else {
+                return false;
+            };
+            pixel.copy_from_slice(src);
+        }
+    }
+    true
 }

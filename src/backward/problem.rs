@@ -2,8 +2,6 @@
 //! wrapper shares: output allocation and shape checks, row-major copies, the split of the
 //! outputs per (image, offset group) for the driver, and `grad_bias`.
 
-use std::borrow::Cow;
-
 use ndarray::{Array1, Array4, ArrayView4, ArrayViewMut1, ArrayViewMut3, ArrayViewMut4, Axis};
 use rayon::prelude::*;
 
@@ -16,17 +14,10 @@ use crate::float::Float;
 use crate::geometry::{try_zeros, Geometry};
 use crate::kernels::columns::MAX_CELLS;
 use crate::params::ConvParams;
+use crate::row_major::row_major;
 
 pub(super) fn dims(shape: &[usize]) -> [usize; 4] {
     [shape[0], shape[1], shape[2], shape[3]]
-}
-
-/// The elements in row-major order, borrowed when the view already is.
-pub(super) fn row_major<'a, T: Float>(v: &ArrayView4<'a, T>) -> Cow<'a, [T]> {
-    match v.to_slice() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(v.iter().copied().collect()),
-    }
 }
 
 /// A tensor of a backward call: its view, or only its shape when the asked gradients do not

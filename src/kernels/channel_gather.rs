@@ -297,6 +297,7 @@ mod tests {
     use crate::kernels::gather::{by_definition, columns_with, gather_columns, SampleTable};
     use crate::kernels::pixel_major::PixelMajor;
     use crate::kernels::taps::PlaneLayout;
+    use crate::kernels::ImageOrder;
     use crate::kernels::Source;
     use crate::kernels::{TileRows, TileSpan};
     use crate::params::ConvParams;
@@ -360,12 +361,15 @@ mod tests {
                     .collect();
                 let mut images = PixelMajor::default();
                 let layout = PlaneLayout::for_convention(convention, h, w);
-                images.fill(&input, 0, n, c_in, layout).unwrap();
+                images
+                    .fill(&input, ImageOrder::Nchw, 0, n, c_in, layout)
+                    .unwrap();
                 for with_mask in [false, true] {
                     let src = Source {
                         geo: &geo,
                         convention,
                         input: &input,
+                        input_order: ImageOrder::Nchw,
                         offset: Some(&offset),
                         mask: with_mask.then_some(&mask[..]),
                     };

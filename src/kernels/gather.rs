@@ -142,6 +142,7 @@ pub(crate) fn by_definition<'s, T: Float>(
     image: usize,
 ) -> impl FnMut(ChannelTaps<'_, T>) + 's {
     let (g, input) = (src.geo, src.input);
+    assert_eq!(src.input_order, super::ImageOrder::Nchw);
     let layout = PlaneLayout::for_convention(src.convention, g.h, g.w);
     let pitch = layout.pitch();
     let value = move |cell: usize, c: usize| match layout.pixel_of(cell) {

@@ -58,6 +58,7 @@ pub(crate) fn im2col_columns<T: Float>(src: &Source<'_, T>, span: TileSpan, out:
         tap_pattern(g, k, start, len, &mut runs);
     }
     tap_runs.push(runs.len());
+    debug_assert_eq!(src.input_order, super::ImageOrder::Nchw);
     for ci in 0..cg {
         let c = group * cg + ci;
         let plane = &src.input[(image * g.c_in + c) * plane_len..][..plane_len];

@@ -62,6 +62,16 @@ pub(crate) fn test_stream(seed: u64) -> impl FnMut() -> f32 {
     }
 }
 
+/// The memory order of an input batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ImageOrder {
+    /// `[N, C, H, W]`, what every kernel reads.
+    Nchw,
+    /// `[N, H, W, C]` (channels_last): only the deformable gather's pixel-major copy
+    /// ([`pixel_major::PixelMajor::fill`]) reads it, and it reads it row by row as it is.
+    Nhwc,
+}
+
 /// The operands of one convolution as flat standard-layout (C-order) slices.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Source<'a, T> {
@@ -70,8 +80,10 @@ pub(crate) struct Source<'a, T> {
     /// The sampling convention of the deformable gather (the dense im2col ignores it: an
     /// integer position reads its pixel in every convention).
     pub convention: Convention,
-    /// `[N, C_in, H, W]`.
+    /// `[N, C_in, H, W]`, in `input_order`.
     pub input: &'a [T],
+    /// How `input` is ordered: [`ImageOrder::Nhwc`] only for the deformable gather.
+    pub input_order: ImageOrder,
     /// `[N, 2 * G_off * K, H_out, W_out]`, or `None` for a dense convolution.
     pub offset: Option<&'a [T]>,
     /// `[N, G_off * K, H_out, W_out]`, or `None` for a unit mask.

@@ -15,6 +15,7 @@
 
 use super::backend::{dispatch, Backend, Element, Lanes, WithBackend};
 use super::taps::PlaneLayout;
+use super::ImageOrder;
 use crate::error::{Error, Result};
 use crate::Float;
 use rayon::prelude::*;
@@ -79,7 +80,7 @@ impl<T: Float> PixelMajor<T> {
         (budget / bytes).max(1)
     }
 
-    /// Copies images `first .. first + count` of `input` (`[N, channels, H, W]`, C-order) onto
+    /// Copies images `first .. first + count` of `input` (`[N, channels, H, W]` in `order`) onto
     /// the cells of `layout` (borders zero, or replicated for that layout), in parallel on the
     /// current rayon pool. The copy is exact (no arithmetic), so the way it is split does not
     /// matter.
@@ -90,6 +91,7 @@ impl<T: Float> PixelMajor<T> {
     pub(crate) fn fill(
         &mut self,
         input: &[T],
+        order: ImageOrder,
         first: usize,
         count: usize,
         channels: usize,
@@ -141,8 +143,17 @@ impl<T: Float> PixelMajor<T> {
                         let rows = (b * chunk_rows).max(1)..((b + 1) * chunk_rows).min(h + 1);
                         for padded in rows {
                             let at = ((padded - b * chunk_rows) * pitch + 1) * channels;
-                            let row = &src[(padded - 1) * w..];
-                            to_pixel_major(row, channels, pixels, w, &mut cells[at..]);
+                            match order {
+                                ImageOrder::Nchw => {
+                                    let row = &src[(padded - 1) * w..];
+                                    to_pixel_major(row, channels, pixels, w, &mut cells[at..]);
+                                }
+                                // A channels_last row already is the cells' order.
+                                ImageOrder::Nhwc => {
+                                    let row = &src[(padded - 1) * w * channels..][..w * channels];
+                                    cells[at..][..w * channels].copy_from_slice(row);
+                                }
+                            }
                         }
                     });
                 // SAFETY: every chunk of `dst` was initialised by `filled` just above.
@@ -261,6 +272,52 @@ pub(crate) fn from_pixel_major<T: Element>(
     })
 }
 
+/// NHWC images to NCHW: `dst[(n * channels + c) * pixels + q] = src[(n * pixels + q) *
+/// channels + c]`, each image a register transpose, in parallel over pieces of about
+/// `PIECE` elements: several small images (a weight's `3 x 3` "images", one per output
+/// channel) or one image's blocks of channels (W4's `64 x 64 x 256`).
+///
+/// # Panics
+/// If `src` or `dst` is not a whole number of `channels * pixels` images, or they differ.
+pub(crate) fn nchw_from_nhwc<T: Element>(src: &[T], channels: usize, pixels: usize, dst: &mut [T]) {
+    const PIECE: usize = 32 << 10;
+    let image = channels * pixels;
+    if image == 0 {
+        return;
+    }
+    assert!(src.len() == dst.len() && src.len().is_multiple_of(image));
+    let transpose = |src: &[T], dst: &mut [T]| {
+        let cols = dst.len() / pixels;
+        dispatch(Transpose {
+            src,
+            s_row: channels,
+            dst,
+            d_row: pixels,
+            rows: pixels,
+            cols,
+        })
+    };
+    if image < PIECE {
+        let images = PIECE / image;
+        dst.par_chunks_mut(images * image)
+            .zip(src.par_chunks(images * image))
+            .for_each(|(dst, src)| {
+                for (dst, src) in dst.chunks_mut(image).zip(src.chunks(image)) {
+                    transpose(src, dst);
+                }
+            });
+    } else {
+        let block = (PIECE / pixels).max(1);
+        dst.par_chunks_mut(image)
+            .zip(src.par_chunks(image))
+            .for_each(|(dst, src)| {
+                dst.par_chunks_mut(block * pixels)
+                    .enumerate()
+                    .for_each(|(b, dst)| transpose(&src[b * block..], dst))
+            });
+    }
+}
+
 /// `dst[j * d_row + i] = src[i * s_row + j]` for `i < rows`, `j < cols`, in `N x N` blocks
 /// transposed in registers ([`Lanes::transpose`]): exact copies. Measured on an AMD Zen 4 (W4
 /// full backward, `f32`, AVX2, 1 thread): the planes' copies in and out took 6.6% of the
@@ -348,18 +405,32 @@ pub(crate) mod tests {
             ] {
                 let (n, pixels) = (3, h * w);
                 let input: Vec<f32> = (0..n * channels * pixels).map(|i| i as f32 + 1.0).collect();
-                let mut pm = PixelMajor::default();
-                pm.fill(&input, 1, 2, channels, layout).unwrap();
-                for img in 1..3 {
-                    let got = pm.image(img);
-                    assert_eq!(got.values.len(), layout.len() * channels);
-                    for cell in 0..layout.len() {
-                        for c in 0..channels {
-                            let want = layout.pixel_of(cell).map_or(0.0, |(r, s)| {
-                                input[(img * channels + c) * pixels + r * w + s]
-                            });
-                            let at = format!("{layout:?} {channels} cell {cell} channel {c}");
-                            assert_eq!(got.values[cell * channels + c], want, "{at}");
+                // The same images channels_last: nhwc[(n * pixels + q) * channels + c].
+                let mut nhwc = vec![0.0; input.len()];
+                for (i, &v) in input.iter().enumerate() {
+                    let (img, c, q) =
+                        (i / (channels * pixels), (i / pixels) % channels, i % pixels);
+                    nhwc[(img * pixels + q) * channels + c] = v;
+                }
+                for (order, input_in_order) in
+                    [(ImageOrder::Nchw, &input), (ImageOrder::Nhwc, &nhwc)]
+                {
+                    let mut pm = PixelMajor::default();
+                    pm.fill(input_in_order, order, 1, 2, channels, layout)
+                        .unwrap();
+                    for img in 1..3 {
+                        let got = pm.image(img);
+                        assert_eq!(got.values.len(), layout.len() * channels);
+                        for cell in 0..layout.len() {
+                            for c in 0..channels {
+                                let want = layout.pixel_of(cell).map_or(0.0, |(r, s)| {
+                                    input[(img * channels + c) * pixels + r * w + s]
+                                });
+                                let at = format!(
+                                    "{order:?} {layout:?} {channels} cell {cell} channel {c}"
+                                );
+                                assert_eq!(got.values[cell * channels + c], want, "{at}");
+                            }
                         }
                     }
                 }
