@@ -43,13 +43,23 @@ class Padding(NamedTuple):
     right: int
 
 
+# The largest parameter value: what a 64-bit signed integer holds, as the torch ops carry their
+# parameters. A larger one is refused here, naming the parameter, rather than further down by a
+# conversion that cannot name it (the torch op's schema check: "Expected a value of type
+# 'List[int]' for argument 'params'").
+INT_MAX = 2**63 - 1
+
+
 def _index(name: str, v) -> int:
     if isinstance(v, bool):
         raise TypeError(f"{name}: expected an int, got bool {v!r}")
     try:
-        return operator.index(v)
+        n = operator.index(v)
     except TypeError:
         raise TypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}") from None
+    if n > INT_MAX:
+        raise OverflowError(f"{name}: {n} is too large (at most {INT_MAX})")
+    return n
 
 
 def pair(name: str, v) -> tuple[int, int]:
@@ -158,11 +168,18 @@ def needs(names, *, dense: bool = False) -> tuple[bool, bool, bool, bool, bool]:
     flags in that order."""
     if isinstance(names, str):
         names = (names,)
+    allowed = ("input", "weight", "bias") if dense else GRADS
+    try:
+        names = tuple(names)
+    except TypeError:
+        raise TypeError(
+            f"needs: expected a gradient name or names among {', '.join(allowed)}, "
+            f"got {type(names).__name__} {names!r}"
+        ) from None
     flags = dict.fromkeys(GRADS, False)
     for n in names:
         key = n[5:] if isinstance(n, str) and n.startswith("grad_") else n
-        if key not in flags or (dense and key in ("offset", "mask")):
-            allowed = ("input", "weight", "bias") if dense else GRADS
+        if not isinstance(key, str) or key not in flags or (dense and key in ("offset", "mask")):
             raise ValueError(f"needs: unknown gradient {n!r}; expected some of {', '.join(allowed)}")
         flags[key] = True
     return tuple(flags[g] for g in GRADS)

@@ -12,6 +12,18 @@
 //! The computation is spawned into that pool before the region starts, and drops the pool when
 //! it is done, which ends every worker loop and so the region. Everything is found with
 //! `dlsym` at run time: without a libgomp in the process, nothing changes.
+//!
+//! **Not in a fork child.** libgomp's team does not survive `fork()` (libgomp has no fork
+//! handler): its threads stay in the parent, but the child's libgomp still counts them as the
+//! idle team of the forking thread, and the child's next region of two threads or more waits
+//! forever for them. Measured with torch 2.15's libgomp: once the parent has run a region of
+//! two threads, a `GOMP_parallel` of two threads in the child hangs (one of one thread runs; a
+//! child of a parent that never started a team starts its own), and so do PyTorch's own
+//! operators (`(x * 2).sum()` on 4M elements) and our op hosted there. A child cannot tell
+//! whether its parent had started a team (PyTorch starts one at its first parallel operator),
+//! so [`run`] hosts only in the process that loaded this module ([`set_home`]); in any other
+//! the calls run on deformconv's rayon pool, rebuilt per process (the same bits). `DataLoader`
+//! workers run PyTorch on one thread anyway (then deformconv's pool of one thread).
 
 use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -32,6 +44,14 @@ struct Omp {
 }
 
 static OMP: OnceLock<Omp> = OnceLock::new();
+
+/// The process that loaded this module: the only one whose libgomp [`run`] uses.
+static HOME: OnceLock<u32> = OnceLock::new();
+
+/// Records the current process as the one [`run`] may host in (at the module's import).
+pub fn set_home() {
+    HOME.get_or_init(std::process::id);
+}
 
 fn symbol(name: &CStr) -> Option<*mut c_void> {
     // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name only looks the name up in
@@ -104,9 +124,12 @@ unsafe extern "C" fn region(data: *mut c_void) {
 }
 
 /// Runs `f` in a rayon pool whose workers are the threads of an OpenMP team, when a libgomp is
-/// loaded, there are at least two threads and we are not already inside an OpenMP region; `None` (and
-/// `f` untouched) otherwise.
+/// loaded, there are at least two threads, we are not already inside an OpenMP region and not
+/// in a fork child (see the module's doc); `Err(f)` (and `f` untouched) otherwise.
 pub fn run<R: Send, F: FnOnce() -> R + Send>(f: F) -> Result<R, F> {
+    if HOME.get() != Some(&std::process::id()) {
+        return Err(f);
+    }
     let (Some(omp), Some(n)) = (OMP.get(), threads()) else {
         return Err(f);
     };
