@@ -31,7 +31,12 @@ itself leaves nothing to compete. Seed 001's training step (2 cores, ``benches/t
 7.51 ms instead of 8.68 ms on deformconv's own pool, against 4.60 ms for the dense network
 (AMD Zen 5).
 ``use_openmp(False)`` goes back to deformconv's rayon pool (`deformconv.set_num_threads`). Results
-are bitwise the same either way, and for any thread count.
+are bitwise the same either way, and for any thread count. In a child made by ``fork`` the ops
+run on deformconv's pool (libgomp cannot start a team in a fork child whose parent had one).
+
+Memory layout: channels_last operands are read as they are, and the output and each gradient
+come back in their operand's layout (`_channels_last`), as ``torch.nn.functional.conv2d``'s do.
+Export: importing this module registers the op's ONNX translation (`_onnx`).
 """
 
 
@@ -81,7 +86,8 @@ def _forward_kernel(input, offset, weight, mask, bias, params, convention) -> Te
         (*params, convention),
         openmp=_openmp,
     )
-    return torch.from_numpy(out)
+    out = torch.from_numpy(out)
+    return out.contiguous(memory_format=torch.channels_last) if _channels_last(input) else out
 
 
 def _backward_kernel(grad_out, input, offset, weight, mask, params, convention, needs) -> list:
@@ -97,7 +103,20 @@ def _backward_kernel(grad_out, input, offset, weight, mask, params, convention, 
         tuple(needs),
         openmp=_openmp,
     )
-    return [None if g is None else torch.from_numpy(g) for g in grads]
+    operands = (input, offset, mask, weight, None)
+    return [None if g is None else _like(torch.from_numpy(g), t) for g, t in zip(grads, operands)]
+
+
+def _channels_last(t: Tensor) -> bool:
+    """Whether ``t`` is stored channels_last (NHWC) rather than NCHW. The kernels read any
+    strides; results follow the operands' layout, as ``torch.nn.functional.conv2d``'s do."""
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _like(g: Tensor, t: Optional[Tensor]) -> Tensor:
+    """Gradient ``g`` (NCHW) in the memory layout of its operand ``t`` (channels_last stays
+    channels_last)."""
+    return g.contiguous(memory_format=torch.channels_last) if t is not None and _channels_last(t) else g
 
 
 @torch.library.custom_op("deformconv::deform_conv2d", mutates_args=(), device_types="cpu")
@@ -118,7 +137,8 @@ def _(input, offset, weight, mask, bias, params, convention):
     sh, sw, top, bottom, left, right, dh, dw = params[:8]
     h_out = _out_extent(input.shape[2], top, bottom, weight.shape[2], dh, sh)
     w_out = _out_extent(input.shape[3], left, right, weight.shape[3], dw, sw)
-    return input.new_empty((input.shape[0], weight.shape[0], h_out, w_out))
+    out = input.new_empty((input.shape[0], weight.shape[0], h_out, w_out))
+    return out.contiguous(memory_format=torch.channels_last) if _channels_last(input) else out
 
 
 @torch.library.custom_op("deformconv::deform_conv2d_backward", mutates_args=(), device_types="cpu")
@@ -149,7 +169,11 @@ def _(grad_out, input, offset, weight, mask, params, convention, needs):
         weight.shape,
         (weight.shape[0],),
     )
-    return tuple(input.new_empty(s if need else (0,)) for s, need in zip(shapes, needs))
+    operands = (input, offset, mask, weight, None)
+    return tuple(
+        _like(input.new_empty(s), t) if need else input.new_empty(0)
+        for s, need, t in zip(shapes, needs, operands)
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -535,3 +559,5 @@ def restore_torchvision() -> None:
     if _override is not None:
         _override.undo()
 
+
+from . import _onnx  # noqa: E402,F401  (registers the ONNX export of the op)
