@@ -1,4 +1,4 @@
-//! Backward benchmarks on the workloads of issue 3 (W1, W2, W2s, W3, W4; float32): each
+//! Backward benchmarks on every workload (`deformconv::workloads::all`; float32): each
 //! gradient alone, the full backward (every gradient the workload has), our forward alone,
 //! deformable forward + full backward, and our dense conv forward + backward on the same
 //! shapes, so that every ratio comes from one run. Throughput counts the forward FLOPs
@@ -7,7 +7,7 @@
 //! `cargo bench --bench backward -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use deformconv::workloads::{Workload, WORKLOADS};
+use deformconv::workloads::{self, Workload};
 use deformconv::{
     conv2d_backward_into, conv2d_into, deform_conv2d_backward_into, deform_conv2d_into, GradsMut,
 };
@@ -50,7 +50,7 @@ impl Buffers {
 }
 
 fn backward(c: &mut Criterion) {
-    for wl in WORKLOADS {
+    for wl in workloads::all() {
         let ops = wl.operands();
         let params = wl.params();
         let grad_out = &ops.grad_out;

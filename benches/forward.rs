@@ -1,4 +1,5 @@
-//! Forward benchmarks on the workloads of issue 3: our deformable forward, our dense conv on
+//! Forward benchmarks on every workload (`deformconv::workloads::all`: the users' reports and the
+//! batch-1 layers of deployed models): our deformable forward, our dense conv on
 //! the same shapes, our GEMM alone on exactly the forward's tiles (`gemm`: the forward with
 //! the gathers skipped) and matrixmultiply's sgemm on the same matrix shape (`gemm_mm`: one
 //! `C_out x (C_in * k * k) x (H_out * W_out)` product per image, images in parallel), so the
@@ -8,7 +9,7 @@
 //! `cargo bench --bench forward -- --warm-up-time 1 --measurement-time 3`
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use deformconv::workloads::WORKLOADS;
+use deformconv::workloads;
 use deformconv::{conv2d_gemm_only_into, conv2d_into, deform_conv2d_into};
 use ndarray::Array4;
 use rayon::prelude::*;
@@ -40,7 +41,7 @@ fn gemm_alone(m: usize, k: usize, p: usize, a: &[f32], b: &[f32], c: &mut [f32])
 }
 
 fn forward(c: &mut Criterion) {
-    for wl in WORKLOADS {
+    for wl in workloads::all() {
         let g = wl.geometry();
         let ops = wl.operands();
         let params = wl.params();

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""deformconv from PyTorch, timed in one process: seed 001's training step and the W1/W2/W4
-layers, through our torch op and torchvision's CPU op, float32.
+"""deformconv from PyTorch, timed in one process: seed 001's training step and the layers of
+deformconv::workloads (W1, W2, W4 and the batch-1 layers of deployed DCN models), through our
+torch op and torchvision's CPU op, float32.
 
     bash python/ci.sh                  # or any install of the package (python/README.md)
     python3 benches/torch_bench.py [--threads 2] [--steps 80] [--repeats 20] [--skip-torchvision-layers]
+        [--layers W4,CenterNet-16] [--skip-seed001]
 
 Part 1, seed 001's network (conv 1->8 3x3 pad 1, max-pool 2, BN, ReLU, offset conv 8->18 3x3 +
 deformable conv 8->16 3x3, max-pool 2, BN, ReLU, linear 576->10), one SGD training step on a
@@ -16,7 +18,7 @@ alternating rounds, 8 steps of each network per round (torchvision's: 1):
   (d) torchvision.ops.DeformConv2d after deformconv.torch.use_for_torchvision();
   (e) the floor: the deformable conv swapped for a dense conv, the offset conv kept (its output
       enters the loss with weight 0, so its forward and backward run).
-Part 2, W1, W2, W4 (the workloads of the Rust benches and of `cargo run --release -- bench`): forward,
+Part 2, the layers (the workloads of the Rust benches and of `cargo run --release -- bench`): forward,
 and forward + every gradient (autograd, inputs requiring grad), through our torch op and
 torchvision's; and the numpy API's forward and full backward, to set beside
 `cargo run --release -- bench` (the Python boundary's cost).
@@ -149,14 +151,21 @@ def seed001(steps):
 
 
 # ---------------------------------------------------------------------------------------------
-# Part 2: W1, W2, W4
+# Part 2: the layers (W1, W2, W4 and the deployed models' batch-1 layers)
 # ---------------------------------------------------------------------------------------------
 
-# name, N, C_in, C_out, H, W, k, stride, pad, offset_groups, mask, bias (the Rust benches' workloads)
+# name, N, C_in, C_out, H, W, k, stride, pad, offset_groups, mask, bias (the Rust benches' workloads,
+# deformconv::workloads: W1-W4 of the users' reports, then the batch-1 layers of deployed models)
 WORKLOADS = [
     ("W1", 64, 8, 16, 14, 14, 3, 1, 0, 1, False, True),
     ("W2", 16, 512, 512, 7, 7, 3, 1, 1, 4, False, False),
     ("W4", 2, 256, 256, 64, 64, 3, 1, 1, 1, True, True),
+    ("BasicVSRpp-align", 1, 128, 64, 180, 320, 3, 1, 1, 16, True, True),
+    ("EDVR-PCD", 1, 64, 64, 180, 320, 3, 1, 1, 8, True, True),
+    ("CenterNet-16", 1, 512, 256, 16, 16, 3, 1, 1, 1, True, True),
+    ("CenterNet-64", 1, 128, 64, 64, 64, 3, 1, 1, 1, True, True),
+    ("R50-DCN-c3", 1, 128, 128, 100, 168, 3, 1, 1, 1, True, False),
+    ("R50-DCN-c5", 1, 512, 512, 25, 42, 3, 1, 1, 1, True, False),
 ]
 
 
@@ -209,11 +218,13 @@ def numpy_times(t, stride, pad, repeats):
     return median_ms(fwd, repeats), median_ms(bwd, repeats)
 
 
-def layers(repeats, skip_torchvision):
-    print(f"\nlayers, float32, median of {repeats} runs (torchvision: fewer on W2/W4)")
-    print(f"{'workload':8} {'ours fwd':>9} {'ours f+b':>9} {'tv fwd':>9} {'tv f+b':>9} {'f+b speed-up':>12} {'numpy fwd':>10} {'numpy bwd':>10}")
+def layers(repeats, skip_torchvision, names):
+    print(f"\nlayers, float32, median of {repeats} runs (torchvision: fewer past W1)")
+    print(f"{'workload':16} {'ours fwd':>9} {'ours f+b':>9} {'tv fwd':>9} {'tv f+b':>9} {'f+b speed-up':>12} {'numpy fwd':>10} {'numpy bwd':>10}")
     rows = {}
     for name, *shape in WORKLOADS:
+        if names and name not in names:
+            continue
         stride, pad = shape[6], shape[7]
         t = operands(*shape)
         of, ofb = layer_times(dct.deform_conv2d, t, stride, pad, repeats)
@@ -224,7 +235,7 @@ def layers(repeats, skip_torchvision):
             tv_reps = repeats if name == "W1" else 3
             tf, tfb = layer_times(torchvision.ops.deform_conv2d, t, stride, pad, tv_reps)
         rows[name] = (of, ofb, tf, tfb, nf, nb)
-        print(f"{name:8} {of:9.3f} {ofb:9.3f} {tf:9.2f} {tfb:9.2f} {tfb / ofb:11.1f}x {nf:10.3f} {nb:10.3f}")
+        print(f"{name:16} {of:9.3f} {ofb:9.3f} {tf:9.2f} {tfb:9.2f} {tfb / ofb:11.1f}x {nf:10.3f} {nb:10.3f}")
     return rows
 
 
@@ -234,6 +245,8 @@ def main():
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--skip-torchvision-layers", action="store_true")
+    ap.add_argument("--layers", default="", help="comma-separated workload names (default: all)")
+    ap.add_argument("--skip-seed001", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     deformconv.set_num_threads(args.threads)
@@ -241,8 +254,9 @@ def main():
         f"torch {torch.__version__}, torchvision {torchvision.__version__}, deformconv {deformconv.__version__}; "
         f"{torch.get_num_threads()} torch thread(s), {deformconv.get_num_threads()} deformconv thread(s)"
     )
-    seed001(args.steps)
-    layers(args.repeats, args.skip_torchvision_layers)
+    if not args.skip_seed001:
+        seed001(args.steps)
+    layers(args.repeats, args.skip_torchvision_layers, [n for n in args.layers.split(",") if n])
 
 
 if __name__ == "__main__":

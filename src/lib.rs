@@ -38,6 +38,7 @@ pub mod layout;
 pub mod nhwc;
 pub mod offset_layout;
 mod params;
+pub mod peak;
 mod plan;
 mod pool;
 pub mod reference;

@@ -9,6 +9,20 @@
 //! | W2s | res5, strided | 16 | 512 → 512 | 14x14 | 3x3, pad 1, stride 2 | 4 offset groups |
 //! | W3-5x5 / W3-3x3 / W3-3x3d2 | dense vs dilated | 32 | 30 → 64 | 64x64 | 5x5 / 3x3 / 3x3 dil 2 | |
 //! | W4 | DCN v2 detection layer | 2 | 256 → 256 | 64x64 | 3x3, pad 1 | mask, bias |
+//!
+//! [`DEPLOYED`]: the batch-1 layers of DCN models as they are deployed on CPUs (one image or
+//! one video frame at a time), all 3x3, padding 1, DCN v2 (with mask):
+//!
+//! | name | layer | C_in → C_out | H x W | offset groups | bias |
+//! |---|---|---|---|---|---|
+//! | BasicVSRpp-align | BasicVSR++ second-order alignment | 128 → 64 | 180x320 | 16 | yes |
+//! | EDVR-PCD | EDVR PCD alignment | 64 → 64 | 180x320 | 8 | yes |
+//! | CenterNet-16 | CenterNet DCN head | 512 → 256 | 16x16 | 1 | yes |
+//! | CenterNet-64 | CenterNet DCN head | 128 → 64 | 64x64 | 1 | yes |
+//! | R50-DCN-c3 | ResNet-50-DCN stage 3 | 128 → 128 | 100x168 | 1 | no |
+//! | R50-DCN-c5 | ResNet-50-DCN stage 5 | 512 → 512 | 25x42 | 1 | no |
+//!
+//! [`all`] yields both tables, in that order.
 
 use ndarray::{Array1, Array4};
 
@@ -140,6 +154,72 @@ pub const WORKLOADS: [Workload; 7] = [
     },
 ];
 
+/// A batch-1 DCN v2 layer of a deployed model: 3x3, padding 1, with mask.
+const fn deployed(
+    name: &'static str,
+    description: &'static str,
+    [c_in, c_out, h, w, offset_groups]: [usize; 5],
+    bias: bool,
+) -> Workload {
+    Workload {
+        c_in,
+        c_out,
+        h,
+        w,
+        pad: 1,
+        offset_groups,
+        mask: true,
+        bias,
+        ..workload(name, description)
+    }
+}
+
+/// The batch-1 layers of deployed DCN models (video restoration, detection heads, backbones),
+/// where the CPU peers are ONNX Runtime and OpenVINO (`benches/peers.py`).
+pub const DEPLOYED: [Workload; 6] = [
+    deployed(
+        "BasicVSRpp-align",
+        "BasicVSR++ second-order alignment, 128->64, 180x320, 16 offset groups",
+        [128, 64, 180, 320, 16],
+        true,
+    ),
+    deployed(
+        "EDVR-PCD",
+        "EDVR PCD alignment, 64->64, 180x320, 8 offset groups",
+        [64, 64, 180, 320, 8],
+        true,
+    ),
+    deployed(
+        "CenterNet-16",
+        "CenterNet DCN head, 512->256, 16x16",
+        [512, 256, 16, 16, 1],
+        true,
+    ),
+    deployed(
+        "CenterNet-64",
+        "CenterNet DCN head, 128->64, 64x64",
+        [128, 64, 64, 64, 1],
+        true,
+    ),
+    deployed(
+        "R50-DCN-c3",
+        "ResNet-50-DCN stage 3, 128->128, 100x168",
+        [128, 128, 100, 168, 1],
+        false,
+    ),
+    deployed(
+        "R50-DCN-c5",
+        "ResNet-50-DCN stage 5, 512->512, 25x42",
+        [512, 512, 25, 42, 1],
+        false,
+    ),
+];
+
+/// Every workload: [`WORKLOADS`] (the users' reports), then [`DEPLOYED`].
+pub fn all() -> impl Iterator<Item = Workload> {
+    WORKLOADS.into_iter().chain(DEPLOYED)
+}
+
 /// The operands of a workload, reproducible from its shape alone: input and `grad_out` in
 /// [-0.5, 0.5), offsets of up to two pixels either way (as a trained layer has), a mask in
 /// [0, 1), weights in [-0.05, 0.05), bias in [0, 1).
@@ -180,7 +260,7 @@ impl SplitMix {
 impl Workload {
     /// Looks a workload up by name.
     pub fn named(name: &str) -> Option<Workload> {
-        WORKLOADS.iter().copied().find(|w| w.name == name)
+        all().find(|w| w.name == name)
     }
 
     /// The same layer with another batch size.
@@ -235,7 +315,7 @@ mod tests {
 
     #[test]
     fn every_workload_is_valid_and_reproducible() {
-        for w in WORKLOADS {
+        for w in all() {
             let small = w.with_batch(1);
             let (a, b) = (small.operands(), small.operands());
             assert_eq!(a.input, b.input, "{}", w.name);

@@ -106,6 +106,10 @@ pub struct BenchArgs {
     /// Timed runs per measurement; the median is reported.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
+    /// Only measure this CPU's multiply-add peak (f32 and f64, the kernels' backend, every
+    /// thread), against which the workload tables give their share.
+    #[arg(long)]
+    pub peak: bool,
 }
 
 fn precision_name(s: &str) -> Result<Precision, String> {
@@ -154,7 +158,8 @@ mod tests {
             c.bench,
             BenchArgs {
                 quick: false,
-                repeats: 3
+                repeats: 3,
+                peak: false
             }
         );
         assert!(parse(&["--quick"]).unwrap().bench.quick);

@@ -1,7 +1,8 @@
-//! `deformconv bench [--quick] [--repeats N]`: the workloads W1–W4 of the users' reports, in
-//! float32, deformable forward and backward (every gradient) against our dense convolution on
-//! the same shapes. Medians over `N` timed runs after one warm-up; threads from rayon's global
-//! pool (`RAYON_NUM_THREADS`).
+//! `deformconv bench [--quick] [--repeats N]`: the workloads W1–W4 of the users' reports and the
+//! batch-1 layers of deployed DCN models (`deformconv::workloads`), in float32, deformable
+//! forward and backward (every gradient) against our dense convolution on the same shapes.
+//! Medians over `N` timed runs after one warm-up; threads from the crate's pool
+//! (`RAYON_NUM_THREADS`, else one per core).
 //!
 //! FLOPs: `2 * N * C_out * (C_in/groups) * kh * kw * H_out * W_out` for a forward; a backward is
 //! counted as twice that (the `grad_input` and `grad_weight` products), the offset and mask
@@ -10,7 +11,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use deformconv::workloads::{Workload, WORKLOADS};
+use deformconv::workloads::{self, Workload};
 use deformconv::Want;
 use ndarray::Array4;
 
@@ -18,16 +19,18 @@ use crate::args::BenchArgs;
 use crate::failure::{Failure, Outcome};
 use crate::output::say;
 
-/// The workloads, with `--quick` dividing every batch by 16 (at least 1).
+/// The workloads, with `--quick` dividing every batch by 16 and halving the height and width
+/// of the batch-1 layers (each at least 1).
 fn workloads(quick: bool) -> Vec<Workload> {
-    WORKLOADS
-        .iter()
-        .map(|w| {
-            if quick {
-                w.with_batch((w.n / 16).max(1))
-            } else {
-                *w
-            }
+    workloads::all()
+        .map(|w| match (quick, w.n) {
+            (false, _) => w,
+            (true, 1) => Workload {
+                h: (w.h / 2).max(1),
+                w: (w.w / 2).max(1),
+                ..w
+            },
+            (true, n) => w.with_batch((n / 16).max(1)),
         })
         .collect()
 }
@@ -194,20 +197,49 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// This CPU's multiply-add peak for `T` on the kernels' backend and threads.
+fn peak<T: deformconv::Float>() -> deformconv::peak::Peak {
+    deformconv::peak::fma_peak::<T>(7, Duration::from_millis(20))
+}
+
+/// `bench --peak`: the peaks alone.
+fn print_peaks() {
+    for (ty, p) in [("f32", peak::<f32>()), ("f64", peak::<f64>())] {
+        say(format_args!(
+            "{ty} multiply-add peak: {:.1} GFLOP/s ({} backend, {} thread(s), {:.1} per thread)",
+            p.gflops,
+            p.backend,
+            p.threads,
+            p.gflops / p.threads as f64
+        ));
+    }
+}
+
 /// Runs the command.
 pub fn bench(args: &BenchArgs) -> Outcome<()> {
+    if args.peak {
+        print_peaks();
+        return Ok(());
+    }
     let list = workloads(args.quick);
     let progress = Progress {
         tty: std::io::stderr().is_terminal(),
         total: list.len(),
     };
     say(format_args!(
-        "deformconv bench{}: float32, {} rayon thread(s), median of {} run(s) after a warm-up",
+        "deformconv bench{}: float32, {} thread(s), median of {} run(s) after a warm-up",
         if args.quick { " --quick" } else { "" },
-        rayon::current_num_threads(),
+        deformconv::current_num_threads(),
         args.repeats
     ));
     let started = Instant::now();
+    let peak = peak::<f32>();
+    say(format_args!(
+        "f32 multiply-add peak of this CPU: {:.1} GFLOP/s ({} backend, {} thread(s)); \"% peak\" below is the share of it",
+        peak.gflops, peak.backend, peak.threads
+    ));
+    let share =
+        |gflop: f64, d: Duration| format!("{:.0}%", 100.0 * gflop / d.as_secs_f64() / peak.gflops);
     let mut rows = Vec::new();
     for (step, w) in list.iter().enumerate() {
         rows.push(measure(w, args.repeats as usize, &progress, step)?);
@@ -225,8 +257,10 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
             "GFLOP",
             "deform ms",
             "GFLOP/s",
+            "% peak",
             "dense ms",
             "GFLOP/s",
+            "% peak",
             "deform/dense",
         ],
         &rows
@@ -238,8 +272,10 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
                     format!("{:.3}", r.gflop),
                     ms(r.fwd),
                     rate(r.gflop, r.fwd),
+                    share(r.gflop, r.fwd),
                     ms(r.dense_fwd),
                     rate(r.gflop, r.dense_fwd),
+                    share(r.gflop, r.dense_fwd),
                     ratio(r.fwd, r.dense_fwd),
                 ]
             })
@@ -254,8 +290,10 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
             "workload",
             "deform ms",
             "GFLOP/s",
+            "% peak",
             "dense ms",
             "GFLOP/s",
+            "% peak",
             "deform/dense",
             "sum(out)",
             "sum(grads)",
@@ -267,8 +305,10 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
                     r.name.to_string(),
                     ms(r.bwd),
                     rate(2.0 * r.gflop, r.bwd),
+                    share(2.0 * r.gflop, r.bwd),
                     ms(r.dense_bwd),
                     rate(2.0 * r.gflop, r.dense_bwd),
+                    share(2.0 * r.gflop, r.dense_bwd),
                     ratio(r.bwd, r.dense_bwd),
                     format!("{:.6e}", r.checksum_out),
                     format!("{:.6e}", r.checksum_grads),

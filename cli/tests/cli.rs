@@ -470,14 +470,17 @@ fn bench_quick_prints_what_it_computed_and_timings() {
         .output()
         .unwrap();
     let stdout = expect_code(&out, 0, "bench --quick");
-    for w in deformconv::workloads::WORKLOADS.map(|w| w.name) {
+    for w in deformconv::workloads::all().map(|w| w.name) {
         assert!(stdout.contains(w), "{w} missing:\n{stdout}");
     }
     assert!(
         stdout.contains("GFLOP/s") && stdout.contains("sum(out)"),
         "{stdout}"
     );
-    assert!(text(&out.stderr).contains("[7/7] W4"), "no progress line");
+    assert!(
+        text(&out.stderr).contains("[13/13] R50-DCN-c5"),
+        "no progress line"
+    );
 }
 
 #[test]

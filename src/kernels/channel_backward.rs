@@ -220,7 +220,7 @@ fn pass<
             T::as_f32(input),
             T::as_f32_mut(grad),
             T::as_f32(gcol),
-            T::columns_as_f32(table),
+            table.as_f32(),
         );
         if let (Some(input), Some(grad), Some(gcol), Some(table)) = (input, grad, gcol, table) {
             let SampleOut { dy, dx, mask, cols } = out;

@@ -16,7 +16,7 @@
 use std::ops::Range;
 
 #[cfg(target_arch = "x86_64")]
-use super::{gather::TapRow, pixel_major::PixelImage, TileRows};
+use super::{columns::TapRow, pixel_major::PixelImage, TileRows};
 
 /// The column-tile rows of one tap over a range of channels of one offset group: channel `c`
 /// goes to row `(c - first) * taps + k`.

@@ -35,7 +35,7 @@
 
 use super::backend::{Backend, Element, Lanes};
 use super::channel_gather::ChannelRows;
-use super::gather::TapRow;
+use super::columns::TapRow;
 use super::pixel_major::PixelImage;
 use super::TileRows;
 

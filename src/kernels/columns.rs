@@ -13,11 +13,8 @@ use crate::kernels::taps::Tap;
 pub(crate) const MAX_CELLS: usize = (i32::MAX as usize) / 2;
 
 /// The sampling table `[k][pixel]` as separate columns, for vector loads.
-///
-/// `pub` only so that [`super::backend::Element`] can hand out its `f32` form; this module is
-/// private to the crate.
 #[derive(Debug, Default)]
-pub struct TapColumns<T> {
+pub(crate) struct TapColumns<T> {
     /// Gather base of each tap, as `i32`.
     pub gather: Vec<i32>,
     /// Scatter base of each tap, as `i32`.
@@ -104,4 +101,38 @@ impl<T: Float> TapColumns<T> {
     pub(crate) fn len(&self) -> usize {
         self.gather.len()
     }
+}
+
+impl<T: 'static> TapColumns<T> {
+    /// The table as an `f32` table, when `T` is `f32` (for the AVX-512 paired kernels; the
+    /// type test is decided at compile time).
+    pub(crate) fn as_f32(&self) -> Option<&TapColumns<f32>> {
+        (self as &dyn std::any::Any).downcast_ref()
+    }
+
+    /// Tap `k`'s row of a table built for `len` pixels: what the gathers read.
+    pub(crate) fn row(&self, k: usize, len: usize, has_mask: bool) -> TapRow<'_, T> {
+        let row = k * len..(k + 1) * len;
+        TapRow {
+            cell: &self.scatter[row.clone()],
+            weight: [
+                &self.weights[0][row.clone()],
+                &self.weights[1][row.clone()],
+                &self.weights[2][row.clone()],
+                &self.weights[3][row.clone()],
+            ],
+            mask: has_mask.then(|| &self.m[row]),
+        }
+    }
+}
+
+/// One tap's row of a built table ([`TapColumns::row`]): what the gathers read.
+#[derive(Clone, Copy)]
+pub(crate) struct TapRow<'a, T> {
+    /// First corner cells (see `gather::SampleTable`).
+    pub cell: &'a [i32],
+    /// Corner weights, per corner.
+    pub weight: [&'a [T]; 4],
+    /// The modulation mask, if any.
+    pub mask: Option<&'a [T]>,
 }

@@ -71,29 +71,6 @@ impl<T: Float> SampleTable<T> {
     }
 }
 
-/// One tap's row of a built [`SampleTable`]: what the gathers read.
-#[derive(Clone, Copy)]
-pub(crate) struct TapRow<'a, T> {
-    /// First corner cells (see [`SampleTable`]).
-    pub cell: &'a [i32],
-    /// Corner weights, per corner.
-    pub weight: [&'a [T]; 4],
-    /// The modulation mask, if any.
-    pub mask: Option<&'a [T]>,
-}
-
-impl<'a, T: Float> TapRow<'a, T> {
-    /// The entries of tap `k` of a table built for `len` pixels.
-    fn of(table: &'a TapColumns<T>, k: usize, len: usize, has_mask: bool) -> Self {
-        let row = k * len..(k + 1) * len;
-        TapRow {
-            cell: &table.scatter[row.clone()],
-            weight: [0, 1, 2, 3].map(|t| &table.weights[t][row.clone()]),
-            mask: has_mask.then(|| &table.m[row]),
-        }
-    }
-}
-
 /// Fills the deformable column tile of `span` (`(image, group, start .. start + len)`):
 /// `cols[(c' * K + k) * len + q] = m * B(input[n, c], py, px)` (see `kernels` for the layout),
 /// building one [`SampleTable`] per offset group that meets the conv group and interpolating
@@ -151,7 +128,7 @@ pub(crate) fn by_definition<'s, T: Float>(
     };
     move |t| {
         for k in 0..t.taps {
-            let tap = TapRow::of(t.table, k, t.len, t.has_mask);
+            let tap = t.table.row(k, t.len, t.has_mask);
             for c in t.channels.clone() {
                 let row = &mut t.cols[((c - t.first) * t.taps + k) * t.ld..][..t.len];
                 for (q, v) in row.iter_mut().enumerate() {
@@ -246,13 +223,13 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
             && self.channels.len() <= 8
             && self.image.values.len() <= i32::MAX as usize
         {
-            let (image, table) = (self.image.as_f32(), T::columns_as_f32(self.table));
+            let (image, table) = (self.image.as_f32(), self.table.as_f32());
             if let (Some(image), Some(table), Some(cols)) = (image, table, T::as_f32_mut(self.cols))
             {
                 // SAFETY: a backend value of ISA Avx512 exists only where AVX-512F was detected.
                 let avx512 = unsafe { backend::Avx512::new_unchecked() };
                 for k in 0..self.taps {
-                    let tap = TapRow::of(table, k, self.len, self.has_mask);
+                    let tap = table.row(k, self.len, self.has_mask);
                     let rows = ChannelRows {
                         channels: self.channels.clone(),
                         first: self.first,
@@ -271,7 +248,7 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
             }
         }
         for k in 0..self.taps {
-            let tap = TapRow::of(self.table, k, self.len, self.has_mask);
+            let tap = self.table.row(k, self.len, self.has_mask);
             let rows = ChannelRows {
                 channels: self.channels.clone(),
                 first: self.first,

@@ -35,7 +35,6 @@ pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
 pub(crate) use scalar::Scalar;
 
-use super::columns::TapColumns;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The instruction sets, in increasing order of preference.
@@ -244,10 +243,6 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
     fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// `s` as `f32` values, when `Self` is `f32`.
     fn as_f32_mut(s: &mut [Self]) -> Option<&mut [f32]>;
-    /// The table as an `f32` table, when `Self` is `f32`.
-    fn columns_as_f32(c: &TapColumns<Self>) -> Option<&TapColumns<f32>>;
-    /// The table as an `f32` table, when `Self` is `f32`.
-    fn columns_as_f32_mut(c: &mut TapColumns<Self>) -> Option<&mut TapColumns<f32>>;
 
     /// `C = alpha A·B + beta C` with `[m, k, n]` = `dims`, `A: m x k`, `B: k x n`, `C: m x n`,
     /// by matrixmultiply's kernel for this type. With `beta == 0`, `C` is overwritten and may
@@ -303,14 +298,6 @@ impl Element for f32 {
     fn as_f32_mut(s: &mut [f32]) -> Option<&mut [f32]> {
         Some(s)
     }
-    #[inline(always)]
-    fn columns_as_f32(c: &TapColumns<f32>) -> Option<&TapColumns<f32>> {
-        Some(c)
-    }
-    #[inline(always)]
-    fn columns_as_f32_mut(c: &mut TapColumns<f32>) -> Option<&mut TapColumns<f32>> {
-        Some(c)
-    }
 }
 
 impl Element for f64 {
@@ -324,14 +311,6 @@ impl Element for f64 {
     }
     #[inline(always)]
     fn as_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
-        None
-    }
-    #[inline(always)]
-    fn columns_as_f32(_: &TapColumns<f64>) -> Option<&TapColumns<f32>> {
-        None
-    }
-    #[inline(always)]
-    fn columns_as_f32_mut(_: &mut TapColumns<f64>) -> Option<&mut TapColumns<f32>> {
         None
     }
 }

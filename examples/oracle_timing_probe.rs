@@ -2,7 +2,7 @@
 //! (worst-case and statistical) at f32, as `deformconv run --exact` plus `compare` need them.
 //!
 //! ```sh
-//! RAYON_NUM_THREADS=2 cargo run --release --example oracle_timing -- W4
+//! RAYON_NUM_THREADS=2 cargo run --release --example oracle_timing_probe -- W4
 //! ```
 
 use std::time::Instant;
