@@ -13,11 +13,11 @@ the NHWC / NCHW ratio.
 
 import argparse
 import statistics
-import time
 
 import torch
 
 import deformconv.torch as dct
+from torch_bench import median_ms  # this folder's shared timer
 
 # (name, n, c_in, c_out, h, w, offset_groups, mask): deformconv::workloads' W2 and W4.
 LAYERS = [
@@ -42,16 +42,6 @@ def operands(n, c_in, c_out, h, w, og, mask, channels_last):
         mask=r(n, og * 9, h, w).requires_grad_() if mask else None,
         grad=r(n, c_out, h, w),
     )
-
-
-def median_ms(f, repeats):
-    f()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def case(t, backward):
@@ -85,7 +75,7 @@ def main():
                 cases[(name, part, layout)] = (case(t, part == "fwd+bwd"), [])
     for _ in range(a.rounds):
         for f, times in cases.values():
-            times.append(median_ms(f, a.repeats))
+            times.append(median_ms(f, a.repeats, warmup=1))
     print(f"{a.threads} threads, median of {a.rounds} alternating rounds, each the median of {a.repeats} calls, ms")
     print("| layer | part | NCHW | channels_last | NHWC / NCHW |")
     print("|---|---|---|---|---|")
