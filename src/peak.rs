@@ -2,8 +2,8 @@
 //! the pool the crate computes on, so that a layer's GFLOP/s can be read as a share of what the
 //! hardware does with the same instructions, threads and clock (`deformconv bench --peak`).
 //!
-//! Each thread runs [`CHAINS`] independent chains `v = v * m + a` of the backend's widest
-//! vector ([`Lanes::mul_add`]), enough to cover the latency of two FMA pipes (4 cycles each on
+//! Each thread runs 12 independent chains `v = v * m + a` of the backend's widest vector (the
+//! kernels' own multiply-add), enough to cover the latency of two FMA pipes (4 cycles each on
 //! current x86 cores). One FMA counts two FLOPs per lane, as the layers' FLOP counts do. Where
 //! the backend has no fused multiply-add (scalar, `wide` without FMA) the loop runs its
 //! multiply and add, and the peak is that backend's.
