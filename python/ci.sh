@@ -38,7 +38,8 @@ no_rust_path=/usr/local/bin:/usr/bin:/bin
 env PATH="$work/venv/bin:$no_rust_path" bash -c '
     set -euo pipefail
     if command -v cargo || command -v rustc; then echo "a Rust toolchain is on PATH"; exit 1; fi
-    python -m pip install --quiet --disable-pip-version-check --no-index "$1"
+    # Into the venv itself even where the base interpreter has a deformconv of its own.
+    python -m pip install --quiet --disable-pip-version-check --no-index --ignore-installed --no-deps "$1"
 ' _ "$wheel"
 # Run from an empty directory so that `import deformconv` is the installed package, not the
 # source tree (which has no compiled extension).
