@@ -1,6 +1,6 @@
 //! The GEMM's loops and its register kernel, generic over the backend.
 
-use super::pack::{pack_b, PackedA, PackedB};
+use super::pack::{line_aligned, pack_b, PackedA, PackedB};
 use super::{block_shape, Init, MatB, KC};
 use crate::kernels::backend::{Backend, Element, Lanes, Strided, WithBackend};
 use crate::Float;
@@ -56,13 +56,13 @@ impl<T: Float> WithBackend for Product<'_, T> {
             let size = panels * kc * nr;
             let block: &[T] = match &mut b {
                 Operand::Unpacked(m, bp) => {
-                    bp.resize(bp.len().max(size), T::ZERO);
-                    pack_b(be, *m, r0, kc, len, &mut bp[..size]);
-                    &bp[..size]
+                    let block = line_aligned(bp, size);
+                    pack_b(be, *m, r0, kc, len, block);
+                    block
                 }
                 Operand::Packed(p) => {
                     assert_eq!(p.nr, nr, "B was packed for another backend");
-                    &p.data[r0 * panels * nr..][..size]
+                    &p.packed()[r0 * panels * nr..][..size]
                 }
             };
             let depth_block = DepthBlock {
@@ -87,7 +87,7 @@ unsafe fn by_matrixmultiply<T: Float>(a: &PackedA<T>, b: &Operand<'_, T>, out: &
         Operand::Unpacked(m, _) => (m.data.as_ptr(), m.rs, m.cs),
         Operand::Packed(p) => {
             assert_eq!(p.nr, 0, "B was packed for another backend");
-            (p.data.as_ptr(), p.len, 1)
+            (p.packed().as_ptr(), p.len, 1)
         }
     };
     let beta = match out.init {
@@ -339,19 +339,42 @@ unsafe fn block<B: Backend, T: Element + Float, const MR: usize, const NV: usize
             }
         }
     }
-    for (ak, bk) in a.chunks_exact(MR).zip(b.chunks_exact(nr)).take(kc) {
-        // A loop, not `std::array::from_fn`: a closure left out of line is compiled without
-        // the backend's features (see `channel_backward`).
-        let mut bv = [T::V::<B>::splat(be, T::ZERO); NV];
-        for (v, x) in bv.iter_mut().enumerate() {
-            *x = T::V::<B>::load(be, &bk[v * n..]);
-        }
-        for (row, &ai) in acc.iter_mut().zip(ak) {
-            let av = T::V::<B>::splat(be, ai);
-            for (x, &bx) in row.iter_mut().zip(&bv) {
-                *x = av.mul_add(bx, *x);
+    // One depth step: NV vector loads of `B`, MR broadcasts of `A`, MR x NV multiply-adds.
+    // Unrolled by four by hand: the iterator loop ran at 166-171 GFLOP/s on cache-resident
+    // operands, this at 173-179 (AVX-512 f32, Intel Xeon, 1 thread, `gemm_kernel_probe`).
+    macro_rules! step {
+        ($k:expr) => {{
+            let k = $k;
+            // SAFETY: k < kc, a holds kc * MR and b kc * NR values.
+            let (ak, bk) = unsafe {
+                (
+                    a.get_unchecked(k * MR..(k + 1) * MR),
+                    b.get_unchecked(k * nr..(k + 1) * nr),
+                )
+            };
+            let mut bv = [T::V::<B>::splat(be, T::ZERO); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = T::V::<B>::load(be, &bk[v * n..]);
             }
-        }
+            for (row, &ai) in acc.iter_mut().zip(ak) {
+                let av = T::V::<B>::splat(be, ai);
+                for (x, &bx) in row.iter_mut().zip(&bv) {
+                    *x = av.mul_add(bx, *x);
+                }
+            }
+        }};
+    }
+    let mut k = 0;
+    while k + 4 <= kc {
+        step!(k);
+        step!(k + 1);
+        step!(k + 2);
+        step!(k + 3);
+        k += 4;
+    }
+    while k < kc {
+        step!(k);
+        k += 1;
     }
     for (i, row) in acc.iter().enumerate().take(c.live) {
         for (v, x) in row.iter().enumerate() {

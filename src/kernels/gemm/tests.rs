@@ -346,3 +346,42 @@ fn gemm_shapes_timing() {
     time::<f32>();
     time::<f64>();
 }
+
+/// Development timing (not a check): the register kernel on operands already packed and in
+/// cache (L1 for the first shapes, L2 and beyond for the last), one thread, best of 5:
+/// `cargo test --release --lib gemm_kernel_probe -- --ignored --nocapture`. Compare with
+/// `deformconv bench --peak` on one thread.
+#[test]
+#[ignore]
+fn gemm_kernel_probe() {
+    for (rows, depth, len) in [
+        (8, 256, 48),
+        (64, 256, 192),
+        (256, 256, 48),
+        (128, 1152, 96),
+        (256, 2304, 48),
+    ] {
+        let a: Vec<f32> = values(rows * depth, 37);
+        let b: Vec<f32> = values(depth * len, 53);
+        let mut c = vec![0f32; rows * len];
+        let packed = PackedA::pack(&a, rows, depth);
+        let mb = MatB {
+            data: &b,
+            rs: len,
+            cs: 1,
+        };
+        let pb = PackedB::pack(mb, depth, len);
+        let reps = (2_000_000_000 / (2 * rows * depth * len)).max(1);
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                // SAFETY: c is rows x len; pb has a's depth.
+                unsafe { multiply_packed(&packed, &pb, Init::Zero, c.as_mut_ptr(), len) };
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let flop = 2.0 * (rows * depth * len * reps) as f64;
+        println!("f32 {rows}x{depth}x{len}: {:.1} GFLOP/s", flop / best / 1e9);
+    }
+}
