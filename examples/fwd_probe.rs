@@ -10,8 +10,7 @@ fn main() {
     let name = args.first().map_or("W2", |s| s.as_str());
     let dense = args.iter().any(|a| a == "dense");
     let gemm = args.iter().any(|a| a == "gemm");
-    let wl = deformconv::workloads::WORKLOADS
-        .iter()
+    let wl = deformconv::workloads::all()
         .find(|w| w.name == name)
         .expect("workload");
     let ops = wl.operands();

@@ -13,7 +13,8 @@
 //! computed alone.
 //!
 //! **Workspace** per concurrently running tile: a column tile of
-//! `C_in/groups * kh * kw * len` elements with `len` chosen to keep it near 1 MiB (at least 48
+//! `C_in/groups * kh * kw * len` elements (each pixel's row padded to an odd number of cache
+//! lines where the tile is pixel-major, see `kernels::TileLayout`) with `len` chosen to keep it near 1 MiB (at least 48
 //! pixels; 192 pixels, at most 8 MiB, where 48 already overflow 1 MiB or where the GEMM
 //! repacks the weight per tile: see `plan::forward`), a sampling table of
 //! `kh * kw * len * (5 * size_of::<T>() + 4)` bytes for the deformable gather, the GEMM's
@@ -41,7 +42,7 @@ use crate::kernels::gather::SampleTable;
 use crate::kernels::gemm::{GemmScratch, MatB, MatC, TileGemm};
 use crate::kernels::pixel_major::PixelMajor;
 use crate::kernels::taps::PlaneLayout;
-use crate::kernels::{fill_columns, ImageOrder, Source, TileRows, TileSpan};
+use crate::kernels::{fill_columns, ImageOrder, Source, TileLayout, TileRows, TileSpan};
 use crate::params::ConvParams;
 use crate::plan::forward as plan;
 use crate::row_major::{is_nhwc, standard};
@@ -241,7 +242,19 @@ fn run_in_pool<T: Float>(
     let (tile_len, tiles) = plan::forward_tiles(geo, elem, repacks);
     let depth = geo.c_in_per_group() * geo.taps();
     let rows = geo.c_out_per_group();
-    let cols_len = checked_elements("column tile", &[depth, tile_len], elem)?;
+    let tile_layout = plan::tile_layout(geo, src.offset.is_some());
+    // Column elements per pixel: a pixel-major tile's rows are padded to an odd number of
+    // cache lines, so that the GEMM's packing, which reads a few lines of 16 consecutive
+    // rows at a time, spreads them over many cache sets.
+    let per_pixel = match tile_layout {
+        TileLayout::ChannelMajor => depth,
+        TileLayout::PixelMajor => {
+            let line = 64 / elem;
+            let lines = depth.div_ceil(line);
+            (lines | 1) * line
+        }
+    };
+    let cols_len = checked_elements("column tile", &[per_pixel, tile_len], elem)?;
     let staging_len = checked_elements("output tile", &[rows, tile_len], elem)?;
     let pixels = geo.out_pixels();
     let out_slice = out.as_slice_mut().ok_or_else(|| Error::Param {
@@ -250,7 +263,16 @@ fn run_in_pool<T: Float>(
     })?;
     debug_assert_eq!(out_slice.len(), geo.n * geo.c_out * pixels);
     let shared = SharedOut(out_slice.as_mut_ptr());
-    let engine = TileGemm::new(weight, geo.groups, rows, depth);
+    let engine = match tile_layout {
+        TileLayout::ChannelMajor => TileGemm::new(weight, geo.groups, rows, depth),
+        TileLayout::PixelMajor => TileGemm::segment_major(
+            weight,
+            geo.groups,
+            rows,
+            (geo.c_in_per_group(), geo.taps()),
+            geo.c_per_offset_group(),
+        ),
+    };
 
     // The deformable gather reads the images pixel-major, copied a bounded chunk of images at
     // a time; tiles are cut at chunk boundaries, which changes no bits (the gather is per
@@ -284,8 +306,14 @@ fn run_in_pool<T: Float>(
         chunk_tiles.par_iter().for_each(|tile| {
             let mut kept = TileScratch::take(cols_len);
             let scratch = &mut kept;
-            let ld = tile.len;
-            let cols = &mut scratch.cols[..depth * ld];
+            let len = tile.len;
+            // The tile's row stride, and where the block of a segment starting at column
+            // `col` begins.
+            let (ld, block_start): (usize, fn(usize, usize) -> usize) = match tile_layout {
+                TileLayout::ChannelMajor => (len, |col, _| col),
+                TileLayout::PixelMajor => (per_pixel, |col, ld| col * ld),
+            };
+            let cols = &mut scratch.cols[..per_pixel * len];
             let single = tile.segments(pixels).nth(1).is_none();
             for group in 0..geo.groups {
                 for seg in tile.segments(pixels).filter(|_| !gemm_only) {
@@ -296,30 +324,34 @@ fn run_in_pool<T: Float>(
                         len: seg.len,
                     };
                     let out = TileRows {
-                        cols: &mut cols[seg.column..],
+                        cols: &mut cols[block_start(seg.column, ld)..],
                         ld,
                     };
-                    fill_columns(&src, span, out, &mut scratch.table, images);
+                    fill_columns(&src, span, (tile_layout, out), &mut scratch.table, images);
                 }
                 let b = bias.map(|b| &b[group * rows..][..rows]);
+                let (rs, cs) = match tile_layout {
+                    TileLayout::ChannelMajor => (ld, 1),
+                    TileLayout::PixelMajor => (1, ld),
+                };
                 let tile_cols = MatB {
                     data: &*cols,
-                    rs: ld,
-                    cs: 1,
+                    rs,
+                    cs,
                 };
                 if single {
                     let (image, start) = (tile.first / pixels, tile.first % pixels);
                     let first = (image * geo.c_out + group * rows) * pixels + start;
                     // Tiles partition the flat pixels and each group owns its output channels.
-                    // SAFETY: rows `group * rows ..` of image `image`, pixels `start .. + ld`
+                    // SAFETY: rows `group * rows ..` of image `image`, pixels `start .. + len`
                     // (inside the image) at stride `pixels` lie in `out_slice`, this tile's alone.
                     unsafe {
-                        debug_assert!(first + (rows - 1) * pixels + ld <= out_slice_len(geo));
+                        debug_assert!(first + (rows - 1) * pixels + len <= out_slice_len(geo));
                         let dst = MatC {
                             ptr: shared.get().add(first),
                             rs: pixels,
                         };
-                        engine.multiply_tile(group, tile_cols, ld, b, dst, &mut scratch.gemm);
+                        engine.multiply_tile(group, tile_cols, len, b, dst, &mut scratch.gemm);
                     }
                     continue;
                 }
@@ -328,17 +360,17 @@ fn run_in_pool<T: Float>(
                 if scratch.staging.len() < staging_len {
                     scratch.staging.resize(staging_len, T::ZERO);
                 }
-                let staged = &mut scratch.staging[..rows * ld];
+                let staged = &mut scratch.staging[..rows * len];
                 let dst = MatC {
                     ptr: staged.as_mut_ptr(),
-                    rs: ld,
+                    rs: len,
                 };
-                // SAFETY: `staged` is rows x ld, owned by this task, disjoint from cols/bias.
-                unsafe { engine.multiply_tile(group, tile_cols, ld, b, dst, &mut scratch.gemm) };
+                // SAFETY: `staged` is rows x len, owned by this task, disjoint from cols/bias.
+                unsafe { engine.multiply_tile(group, tile_cols, len, b, dst, &mut scratch.gemm) };
                 for seg in tile.segments(pixels) {
                     for o in 0..rows {
                         let first = (seg.image * geo.c_out + group * rows + o) * pixels + seg.start;
-                        let src_row = &staged[o * ld + seg.column..][..seg.len];
+                        let src_row = &staged[o * len + seg.column..][..seg.len];
                         // SAFETY: channel `group * rows + o` of image `seg.image`, pixels
                         // `seg.start .. + seg.len` belong to this tile alone (see above).
                         unsafe {

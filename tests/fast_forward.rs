@@ -9,7 +9,7 @@ use deformconv::{conv2d, conv2d_into, deform_conv2d, deform_conv2d_into, referen
 use ndarray::{s, Array4, ShapeBuilder};
 use proptest::prelude::*;
 use support::{assert_rel_close, golden_cases};
-use support::{cases, same_bits, to_f32, to_f32_1, Bound, Case, Tensors};
+use support::{cases, same_bits, to_f32, to_f32_1, wide_cases, Bound, Case, Tensors};
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
@@ -29,6 +29,25 @@ proptest! {
     fn deform_f32_within_per_element_bound(case in cases()) {
         let t = case.tensors();
         let p = &case.params;
+        let (input, offset, weight) = (to_f32(&t.input), to_f32(&t.offset), to_f32(&t.weight));
+        let mask = t.mask.as_ref().map(to_f32);
+        let bias = t.bias.as_ref().map(to_f32_1);
+        let fast = deform_conv2d(input.view(), offset.view(), mask.as_ref().map(|m| m.view()),
+            weight.view(), bias.as_ref().map(|b| b.view()), p).unwrap();
+        let exact = reference::deform_conv2d(input.view(), offset.view(), mask.as_ref().map(|m| m.view()),
+            weight.view(), bias.as_ref().map(|b| b.view()), p).unwrap();
+        Bound::new::<f32>(format!("{case:?}"), &t, None, p).check(Output::Out, fast.view(), exact.view());
+    }
+
+    #[test]
+    fn wide_offset_groups_match_reference(case in wide_cases()) {
+        let t = case.tensors();
+        let p = &case.params;
+        let mask = t.mask.as_ref().map(|m| m.view());
+        let bias = t.bias.as_ref().map(|b| b.view());
+        let fast = deform_conv2d(t.input.view(), t.offset.view(), mask, t.weight.view(), bias, p).unwrap();
+        let exact = reference::deform_conv2d(t.input.view(), t.offset.view(), mask, t.weight.view(), bias, p).unwrap();
+        assert_rel_close(&format!("{case:?}"), "out", &fast.view(), &exact.view(), 1e-12);
         let (input, offset, weight) = (to_f32(&t.input), to_f32(&t.offset), to_f32(&t.weight));
         let mask = t.mask.as_ref().map(to_f32);
         let bias = t.bias.as_ref().map(to_f32_1);

@@ -299,7 +299,7 @@ mod tests {
     use crate::kernels::taps::PlaneLayout;
     use crate::kernels::ImageOrder;
     use crate::kernels::Source;
-    use crate::kernels::{TileRows, TileSpan};
+    use crate::kernels::{TileLayout, TileRows, TileSpan};
     use crate::params::ConvParams;
     use crate::Float;
 
@@ -308,14 +308,14 @@ mod tests {
         &Source<'_, T>,
         &[T],
         TileSpan,
-        TileRows<'_, T>,
+        (TileLayout, TileRows<'_, T>),
         &mut SampleTable<T>,
         &PixelMajor<T>,
     );
 
-    /// `fill`'s column tile equals the definition's bit for bit, for channel counts
-    /// around the vector widths, ragged pixel ranges, masks, NaN / infinite / huge offsets and
-    /// infinite pixels, in every convention.
+    /// `fill`'s column tile equals the definition's bit for bit, in both layouts, for channel
+    /// counts around the vector widths, ragged pixel ranges, masks, NaN / infinite / huge
+    /// offsets and infinite pixels, in every convention; padding between rows is untouched.
     fn equals_definition<T: Float>(fill: Fill<'_, T>, name: &str) {
         let mut state = 11u32;
         let mut next = move || {
@@ -378,11 +378,17 @@ mod tests {
                         (0, 0, geo.out_pixels()),
                         (1, 3, 21.min(geo.out_pixels() - 3)),
                     ] {
-                        for group in 0..groups {
-                            let ld = len + 5;
+                        for (group, layout) in (0..groups).flat_map(|g| {
+                            [TileLayout::ChannelMajor, TileLayout::PixelMajor].map(|l| (g, l))
+                        }) {
+                            // Five elements of padding after each row.
+                            let (ld, size) = match layout {
+                                TileLayout::ChannelMajor => (len + 5, rows * (len + 5)),
+                                TileLayout::PixelMajor => (rows + 5, len * (rows + 5)),
+                            };
                             let mut table = SampleTable::default();
                             let nan = T::from_f64(f64::NAN);
-                            let mut want = vec![nan; rows * ld];
+                            let mut want = vec![nan; size];
                             let span = TileSpan {
                                 image,
                                 group,
@@ -397,22 +403,21 @@ mod tests {
                                 &src,
                                 &offset,
                                 span,
-                                out,
+                                (layout, out),
                                 &mut table,
                                 &images,
                                 by_definition(&src, image),
                             );
-                            let mut got = vec![nan; rows * ld];
+                            let mut got = vec![nan; size];
                             let out = TileRows { cols: &mut got, ld };
-                            fill(&src, &offset, span, out, &mut table, &images);
-                            for r in 0..rows {
-                                for q in 0..len {
-                                    assert_eq!(
-                                        got[r * ld + q].to_f64().to_bits(),
-                                        want[r * ld + q].to_f64().to_bits(),
-                                        "{name} c_in {c_in} og {og} {convention:?} mask {with_mask} row {r} q {q}"
-                                    );
-                                }
+                            fill(&src, &offset, span, (layout, out), &mut table, &images);
+                            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                                assert_eq!(
+                                    g.to_f64().to_bits(),
+                                    w.to_f64().to_bits(),
+                                    "{name} c_in {c_in} og {og} {convention:?} mask {with_mask} \
+                                     {layout:?} element {i}"
+                                );
                             }
                         }
                     }

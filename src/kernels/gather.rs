@@ -6,10 +6,11 @@ use super::channel_gather::ChannelRows;
 use super::channel_lanes;
 use super::columns::TapColumns;
 use super::locate::Fields;
+use super::pixel_lanes::{self, TapSlots};
 use super::pixel_major::{PixelImage, PixelMajor};
 use super::taps::PlaneLayout;
 use super::tile_table::{build_table, Bases, TableSource};
-use super::{Source, TileRows, TileSpan};
+use super::{Source, TileLayout, TileRows, TileSpan};
 use crate::float::Float;
 use crate::plan::Piece;
 use std::ops::Range;
@@ -79,14 +80,17 @@ impl<T: Float> SampleTable<T> {
 /// ([`super::channel_lanes`]), or, for `f32` segments of at most 8 channels on AVX-512, two
 /// pixels of 8 a vector ([`super::channel_gather`]). Both give the same bits.
 ///
-/// Row `r` of the tile goes to `out.cols[r * out.ld ..][..len]`. The caller guarantees that
-/// the padded plane's cells fit the table ([`fits_cells`]), `ld >= len` and `cols.len() >=
-/// (C_in/groups * K - 1) * ld + len`.
+/// In `layout` [`TileLayout::ChannelMajor`], row `r` of the tile goes to
+/// `out.cols[r * out.ld ..][..len]`: the caller guarantees `ld >= len` and `cols.len() >=
+/// (C_in/groups * K - 1) * ld + len`. In [`TileLayout::PixelMajor`] ([`pixel_lanes`]), pixel
+/// `q` goes to `out.cols[q * out.ld ..][..C_in/groups * K]`: `ld >= C_in/groups * K` and
+/// `cols.len() >= len * ld`. The caller guarantees that the padded plane's cells fit the
+/// table ([`fits_cells`]).
 pub(crate) fn gather_columns<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
-    out: TileRows<'_, T>,
+    out: (TileLayout, TileRows<'_, T>),
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
 ) {
@@ -102,7 +106,7 @@ pub(crate) fn columns_with<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
-    out: TileRows<'_, T>,
+    out: (TileLayout, TileRows<'_, T>),
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
     kernel: impl FnMut(ChannelTaps<'_, T>),
@@ -127,15 +131,22 @@ pub(crate) fn by_definition<'s, T: Float>(
         None => T::ZERO,
     };
     move |t| {
+        let seg = &t.channels;
         for k in 0..t.taps {
             let tap = t.table.row(k, t.len, t.has_mask);
             for c in t.channels.clone() {
-                let row = &mut t.cols[((c - t.first) * t.taps + k) * t.ld..][..t.len];
-                for (q, v) in row.iter_mut().enumerate() {
+                for q in 0..t.len {
                     let corner = [0, 1, pitch, pitch + 1].map(|d| tap.cell[q] as usize + d);
                     let term = |i: usize| tap.weight[i][q] * value(corner[i], c);
                     let sum = ((term(0) + term(1)) + term(2)) + term(3);
-                    *v = tap.mask.map_or(sum, |m| m[q] * sum);
+                    let at = match t.layout {
+                        TileLayout::ChannelMajor => ((c - t.first) * t.taps + k) * t.ld + q,
+                        TileLayout::PixelMajor => {
+                            let slot = (seg.start - t.first) * t.taps + k * seg.len();
+                            q * t.ld + slot + c - seg.start
+                        }
+                    };
+                    t.cols[at] = tap.mask.map_or(sum, |m| m[q] * sum);
                 }
             }
         }
@@ -157,7 +168,7 @@ fn gather_with<T: Float>(
     src: &Source<'_, T>,
     offset: &[T],
     span: TileSpan,
-    out: TileRows<'_, T>,
+    (layout, out): (TileLayout, TileRows<'_, T>),
     table: &mut SampleTable<T>,
     images: &PixelMajor<T>,
     mut kernel: impl FnMut(ChannelTaps<'_, T>),
@@ -174,7 +185,12 @@ fn gather_with<T: Float>(
     let cg = g.c_in_per_group();
     let per_og = g.c_per_offset_group();
     debug_assert!(fits_cells(g));
-    debug_assert!(ld >= len && (cg * taps == 0 || cols.len() >= (cg * taps - 1) * ld + len));
+    debug_assert!(match layout {
+        TileLayout::ChannelMajor => {
+            ld >= len && (cg * taps == 0 || cols.len() >= (cg * taps - 1) * ld + len)
+        }
+        TileLayout::PixelMajor => ld >= cg * taps && cols.len() >= len * ld,
+    });
     let (c_lo, c_hi) = (group * cg, (group + 1) * cg);
     let mut c = c_lo;
     while c < c_hi {
@@ -189,6 +205,7 @@ fn gather_with<T: Float>(
             taps,
             len,
             has_mask: src.mask.is_some(),
+            layout,
             cols: &mut *cols,
             ld,
         });
@@ -197,7 +214,8 @@ fn gather_with<T: Float>(
 }
 
 /// Every tap's rows of consecutive channels of one offset group, on the backend of the call:
-/// in `f32` on AVX-512 with at most 8 channels by the paired kernel
+/// into a pixel-major tile by [`pixel_lanes::interpolate_tap`]; into a channel-major one in
+/// `f32` on AVX-512 with at most 8 channels by the paired kernel
 /// ([`super::channel_gather::interpolate_tap`]), else by the generic one
 /// ([`channel_lanes::interpolate_tap`]).
 pub(crate) struct ChannelTaps<'a, T> {
@@ -208,6 +226,7 @@ pub(crate) struct ChannelTaps<'a, T> {
     taps: usize,
     len: usize,
     has_mask: bool,
+    layout: TileLayout,
     cols: &'a mut [T],
     ld: usize,
 }
@@ -217,6 +236,23 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
 
     #[inline(always)]
     fn run<B: Backend>(self, b: B) {
+        if self.layout == TileLayout::PixelMajor {
+            for k in 0..self.taps {
+                let tap = self.table.row(k, self.len, self.has_mask);
+                let slots = TapSlots {
+                    channels: self.channels.clone(),
+                    first: self.first,
+                    taps: self.taps,
+                    k,
+                };
+                let out = TileRows {
+                    cols: &mut *self.cols,
+                    ld: self.ld,
+                };
+                pixel_lanes::interpolate_tap(b, self.image, slots, &tap, self.len, out);
+            }
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         // The paired kernel's element offsets are `i32`.
         if B::ISA == backend::Isa::Avx512

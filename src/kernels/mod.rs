@@ -27,6 +27,9 @@
 //! matrix and the tile's output is `weight_g · cols` (see [`gemm`]). The backward pass reuses
 //! this tile for `grad_weight = G_tile · colsᵀ`.
 //!
+//! The deformable forward may fill the same matrix transposed, a row per pixel with its depth
+//! reordered ([`TileLayout::PixelMajor`]).
+//!
 //! The buffer holds `C_in/groups * K * len` elements; [`crate::plan`] chooses `len` so that it
 //! stays near 1 MiB, independent of the batch size.
 
@@ -40,6 +43,7 @@ pub(crate) mod gather;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub(crate) mod locate;
+pub(crate) mod pixel_lanes;
 pub(crate) mod pixel_major;
 pub(crate) mod taps;
 pub(crate) mod tile_table;
@@ -70,6 +74,21 @@ pub(crate) enum ImageOrder {
     /// `[N, H, W, C]` (channels_last): only the deformable gather's pixel-major copy
     /// ([`pixel_major::PixelMajor::fill`]) reads it, and it reads it row by row as it is.
     Nhwc,
+}
+
+/// How a forward column tile is laid out in its buffer (row stride `ld`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TileLayout {
+    /// A row per `(channel, tap)`, `cols[(c' * K + k) * ld + q]` (the module docs' layout):
+    /// the GEMM packs its rows straight. Dense im2col, and deformable gathers whose offset
+    /// groups fill whole vectors.
+    ChannelMajor,
+    /// A row per pixel, by segment (the channels `s .. e` of one offset group inside the conv
+    /// group), then tap, then channel: `cols[q * ld + (s - first) * K + k * (e - s) + (c - s)]`.
+    /// The deformable gather stores each sample's vector of channels as it is
+    /// ([`pixel_lanes`]), a segment's taps side by side; the GEMM packs the tile transposed,
+    /// against the weight with its depth reordered to match.
+    PixelMajor,
 }
 
 /// The operands of one convolution as flat standard-layout (C-order) slices.
@@ -112,28 +131,38 @@ pub(crate) struct TileRows<'a, T> {
     pub ld: usize,
 }
 
-/// Fills the column tile of `span` into `out`, row `r` at `out.cols[r * out.ld ..][..len]`
-/// (`out.ld >= len`; see the module docs for the layout, which is the case `ld = len`), by
-/// the deformable gather when `src` has offsets and by the dense im2col otherwise. A forward
-/// tile spanning several images fills one such block per image, side by side in a buffer of
-/// row stride `ld`. `images` holds `span.image` pixel-major; the deformable gather reads it
+/// Fills the column tile of `span` into `out` in `layout`: channel-major, row `r` at
+/// `out.cols[r * out.ld ..][..len]` (`out.ld >= len`; see the module docs for the layout,
+/// which is the case `ld = len`), or pixel-major (deformable only), pixel `q` at
+/// `out.cols[q * out.ld ..]` ([`TileLayout`]); by the deformable gather when `src` has
+/// offsets and by the dense im2col otherwise. A forward tile spanning several images fills
+/// one such block per image, side by side in a buffer of row stride `ld` (one after the other
+/// when pixel-major). `images` holds `span.image` pixel-major; the deformable gather reads it
 /// (the dense im2col ignores it).
 ///
 /// # Panics
-/// If `src` has offsets and `images` is `None`.
+/// If `src` has offsets and `images` is `None`, or the dense im2col is asked for a
+/// pixel-major tile.
 #[inline]
 pub(crate) fn fill_columns<T: crate::Float>(
     src: &Source<'_, T>,
     span: TileSpan,
-    out: TileRows<'_, T>,
+    (layout, out): (TileLayout, TileRows<'_, T>),
     scratch: &mut gather::SampleTable<T>,
     images: Option<&pixel_major::PixelMajor<T>>,
 ) {
     match src.offset {
         Some(offset) => {
             let images = images.expect("the deformable gather reads pixel-major images");
-            gather::gather_columns(src, offset, span, out, scratch, images)
+            gather::gather_columns(src, offset, span, (layout, out), scratch, images)
         }
-        None => im2col::im2col_columns(src, span, out),
+        None => {
+            assert_eq!(
+                layout,
+                TileLayout::ChannelMajor,
+                "im2col fills rows per channel"
+            );
+            im2col::im2col_columns(src, span, out)
+        }
     }
 }

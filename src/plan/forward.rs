@@ -7,6 +7,7 @@
 //! batch gets the same bits as the same image computed alone.
 
 use crate::geometry::Geometry;
+use crate::kernels::TileLayout;
 
 /// Bytes of column buffer one tile aims for: half of a 2 MiB L2, so that the column tile and
 /// the weight panels streamed past it stay in cache. Measured against 4 MiB on AMD Zen 5
@@ -116,6 +117,38 @@ pub(crate) fn tile_len(rows: usize, total: usize, elem_bytes: usize, repacks: bo
     let balanced = total.div_ceil(MIN_TILES).next_multiple_of(multiple);
     let len = (fit / multiple * multiple).clamp(multiple, balanced.max(multiple));
     len.min(total).max(1)
+}
+
+/// Widest conv group output (`C_out / groups`) for which a deformable forward uses
+/// pixel-major tiles (see [`tile_layout`]).
+const PIXEL_MAJOR_MAX_ROWS: usize = 128;
+
+/// Narrowest offset group (channels) for which a deformable forward uses pixel-major tiles.
+const PIXEL_MAJOR_MIN_CHANNELS: usize = 16;
+
+/// How the forward lays out its column tiles ([`TileLayout`]): pixel-major for deformable
+/// convolutions whose offset groups hold at least [`PIXEL_MAJOR_MIN_CHANNELS`] channels and
+/// whose conv groups at most [`PIXEL_MAJOR_MAX_ROWS`] outputs, channel-major otherwise.
+///
+/// Why: the pixel-major gather stores its vectors without the channel-major one's register
+/// transposes, but the GEMM then packs its `B` transposed, a cost per column element that the
+/// GEMM's `C_out / groups` rows amortise; with 8-channel offset groups the paired AVX-512
+/// gather ([`crate::kernels::channel_gather`]) stays faster. Deformable forward, ms, medians
+/// of 3 alternating rounds (Intel Xeon, AVX-512, 2 threads, `fwd_probe`), channel-major /
+/// pixel-major: CenterNet-64 (64 outputs) 4.96 / 4.11, R50-DCN-c3 (128) 30.5 / 27.4,
+/// W3-5x5 (64) 89.4 / 83.8, W3-3x3d2 43.2 / 39.6, W3-3x3 41.6 / 41.3; against it W4 (256)
+/// 45.2 / 45.7, CenterNet-16 (256) 4.65 / 6.52, W2 (512) 19.1 / 25.5, R50-DCN-c5 (512)
+/// 24.4 / 30.7, and with 8-channel groups BasicVSRpp-align 94.2 / 105.1, EDVR-PCD 45.3 /
+/// 51.9, W1 0.41 / 0.54.
+pub(crate) fn tile_layout(geo: &Geometry, deformable: bool) -> TileLayout {
+    if deformable
+        && geo.c_per_offset_group() >= PIXEL_MAJOR_MIN_CHANNELS
+        && geo.c_out_per_group() <= PIXEL_MAJOR_MAX_ROWS
+    {
+        TileLayout::PixelMajor
+    } else {
+        TileLayout::ChannelMajor
+    }
 }
 
 /// The tiles of a forward pass: consecutive flat pixel ranges of [`tile_len`] pixels over the

@@ -249,6 +249,54 @@ pub fn cases() -> impl Strategy<Value = Case> {
         )
 }
 
+/// Problems whose offset groups span 16 to 40 channels, with conv groups of up to 128
+/// outputs or of 129 to 136 (so the forward runs both column-tile layouts of its plan), and
+/// conv and offset groups that cut each other (segments of unequal width).
+pub fn wide_cases() -> impl Strategy<Value = Case> {
+    (
+        (
+            1usize..=2,
+            1usize..=2,
+            16usize..=40,
+            prop_oneof![1usize..=20, 126usize..=136],
+        ),
+        (1usize..=3, 1usize..=3, 1usize..=2, 1usize..=2),
+        (0usize..=1, 0usize..=4, 0usize..=4),
+        (any::<bool>(), any::<bool>(), any::<u64>()),
+    )
+        .prop_map(
+            |(
+                (n, groups, cin_g, cout_g),
+                (kh, kw, stride, dil),
+                (pad, eh, ew),
+                (mask, bias, seed),
+            )| {
+                let c_in = groups * cin_g;
+                // The widest divisor of c_in of at most 40 channels and at least 16.
+                let per_og = (16..=40).rev().find(|d| c_in % d == 0).unwrap_or(c_in);
+                let params = ConvParams::default()
+                    .stride(stride, stride)
+                    .padding(pad, pad)
+                    .dilation(dil, dil)
+                    .groups(groups)
+                    .offset_groups(c_in / per_og);
+                Case {
+                    n,
+                    c_in,
+                    c_out: groups * cout_g,
+                    h: dil * (kh - 1) + 1 + eh,
+                    w: dil * (kw - 1) + 1 + ew,
+                    kh,
+                    kw,
+                    params,
+                    mask,
+                    bias,
+                    seed,
+                }
+            },
+        )
+}
+
 /// A position along an axis of `size` pixels: a border special (on and around `-1`, `0`,
 /// `size - 1` and `size`), a whole number in `-1 ..= size`, or any fraction in
 /// `(-1.5, size + 0.5)`.

@@ -1,0 +1,174 @@
+//! The deformable gather into a pixel-major column tile ([`super::TileLayout::PixelMajor`]),
+//! written once over the backend's vectors: each sample is interpolated a vector of channels
+//! at a time from the pixel-major image ([`super::pixel_major`]), one plain vector load per
+//! corner, and stored as it is, since the tile's pixel rows hold a tap's channels side by side.
+//!
+//! The channel-major tile ([`super::channel_lanes`]) needs the same vectors transposed into
+//! one row per channel: for the narrow offset groups of video restoration (8 channels) that
+//! transpose and the half-empty vectors it leaves cost as much as the GEMM. Here the GEMM
+//! transposes instead, while packing its `B` panels (a 16 x 16 register transpose per block),
+//! once per element rather than once per sample vector; see [`super::TileLayout`] for where
+//! each layout runs and what it measured.
+//!
+//! Arithmetic, per lane: `v = m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` with separate
+//! multiplies and adds, the operations of the channel-major gathers in the same order, so
+//! both tiles hold the same values.
+
+use std::ops::Range;
+
+use super::backend::{Backend, Element, Lanes};
+use super::columns::TapRow;
+use super::pixel_major::PixelImage;
+use super::TileRows;
+
+/// Where one tap of one segment (the channels of one offset group inside one conv group)
+/// goes in a pixel-major tile: channel `c` of pixel `q` at
+/// `cols[q * ld + (s - first) * taps + k * (e - s) + (c - s)]` for the segment `s .. e`.
+#[derive(Debug, Clone)]
+pub(crate) struct TapSlots {
+    /// The segment's channels (channels of the image), inside the conv group.
+    pub channels: Range<usize>,
+    /// The conv group's first channel.
+    pub first: usize,
+    /// Kernel taps, `K`.
+    pub taps: usize,
+    /// The tap, `k < K`.
+    pub k: usize,
+}
+
+impl TapSlots {
+    /// Where in a pixel row the segment's tap `k` starts.
+    pub(crate) fn start(&self) -> usize {
+        (self.channels.start - self.first) * self.taps + self.k * self.channels.len()
+    }
+}
+
+/// Pixel rows `q < len` of the tile, tap `slots.k`, channels `slots.channels`:
+/// `out.cols[q * out.ld + slots.start() + (c - s)] = m * B(channel c, sample (k, q))`.
+///
+/// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k` (cells
+/// whose four corners lie in the image, checked in debug builds). Mark the caller
+/// `#[inline(always)]` under the backend's `vectorize`.
+///
+/// # Panics
+/// If the channels lie outside the image or the conv group, the slots outside the tile, or a
+/// table row is shorter than `len`.
+#[inline(always)]
+pub(crate) fn interpolate_tap<B: Backend, T: Element>(
+    b: B,
+    image: PixelImage<'_, T>,
+    slots: TapSlots,
+    tap: &TapRow<'_, T>,
+    len: usize,
+    out: TileRows<'_, T>,
+) {
+    // Whole vectors in the inner loop where the channels allow (no masks, no lane counts).
+    if slots
+        .channels
+        .len()
+        .is_multiple_of(<T::V<B> as Lanes<T, B>>::N)
+    {
+        interpolate::<B, T, true>(b, image, slots, tap, len, out);
+    } else {
+        interpolate::<B, T, false>(b, image, slots, tap, len, out);
+    }
+}
+
+/// [`interpolate_tap`]; `FULL`: the channels are whole vectors.
+#[inline(always)]
+fn interpolate<B: Backend, T: Element, const FULL: bool>(
+    b: B,
+    image: PixelImage<'_, T>,
+    slots: TapSlots,
+    tap: &TapRow<'_, T>,
+    len: usize,
+    out: TileRows<'_, T>,
+) {
+    let n = <T::V<B> as Lanes<T, B>>::N;
+    let cells = image.cells();
+    let PixelImage {
+        values,
+        channels: c_in,
+        pitch,
+    } = image;
+    let slot = slots.start();
+    let channels = slots.channels;
+    let TileRows { cols, ld } = out;
+    assert!(
+        channels.end <= c_in && channels.start >= slots.first,
+        "pixel gather outside its image or conv group"
+    );
+    assert!(
+        channels.is_empty()
+            || len == 0
+            || (slot + channels.len() <= ld && (len - 1) * ld + ld <= cols.len()),
+        "pixel gather outside its column tile"
+    );
+    assert!(tap.cell.len() >= len && tap.weight.iter().all(|w| w.len() >= len));
+    assert!(tap.mask.is_none_or(|m| m.len() >= len));
+    // Every entry's last corner, `cell + pitch + 1`, is a cell of the image.
+    debug_assert!(tap.cell[..len]
+        .iter()
+        .all(|&v| v >= 0 && v as usize + pitch + 1 < cells));
+    for q in 0..len {
+        // SAFETY: q < len, and every table row holds at least len entries (asserted).
+        let cell = unsafe { *tap.cell.get_unchecked(q) } as usize * c_in;
+        let at = [
+            cell,
+            cell + c_in,
+            cell + pitch * c_in,
+            cell + (pitch + 1) * c_in,
+        ];
+        let mut w = [T::V::<B>::splat(b, T::default()); 4];
+        for (t, wt) in w.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *wt = T::V::<B>::splat(b, unsafe { *tap.weight[t].get_unchecked(q) });
+        }
+        // `match`, not `Option::map`: a closure left out of line loses the features.
+        #[allow(clippy::manual_map)]
+        let m = match tap.mask {
+            // SAFETY: q < len <= m.len() (asserted).
+            Some(m) => Some(T::V::<B>::splat(b, unsafe { *m.get_unchecked(q) })),
+            None => None,
+        };
+        let row = q * ld + slot;
+        let mut c0 = channels.start;
+        while c0 < channels.end {
+            let cw = if FULL { n } else { n.min(channels.end - c0) };
+            // Macro, not closure: a closure left out of line loses the backend's features.
+            macro_rules! corner {
+                ($t:expr) => {{
+                    debug_assert!(at[$t] + c0 + cw <= values.len());
+                    let from = at[$t] + c0;
+                    // SAFETY: the corner is a cell of the image (the table's contract, checked
+                    // in debug builds) and channels c0 .. c0 + cw lie below channels.end <=
+                    // c_in, so the values lie in the image.
+                    let corner = unsafe { values.get_unchecked(from..from + cw) };
+                    if FULL || cw == n {
+                        T::V::<B>::load(b, corner)
+                    } else {
+                        T::V::<B>::load_partial(b, corner)
+                    }
+                }};
+            }
+            let mut acc = w[0].mul(corner!(0));
+            acc = acc.add(w[1].mul(corner!(1)));
+            acc = acc.add(w[2].mul(corner!(2)));
+            acc = acc.add(w[3].mul(corner!(3)));
+            if let Some(m) = m {
+                acc = m.mul(acc);
+            }
+            let at = row + (c0 - channels.start);
+            debug_assert!(at + cw <= cols.len());
+            // SAFETY: q < len and slot + (c0 - channels.start) + cw <= slot + channels.len() <=
+            // ld, so the values lie in pixel row q of the tile (asserted above).
+            let dst = unsafe { cols.get_unchecked_mut(at..at + cw) };
+            if FULL || cw == n {
+                acc.store(dst);
+            } else {
+                acc.store_partial(dst);
+            }
+            c0 += cw;
+        }
+    }
+}
