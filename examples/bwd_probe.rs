@@ -1,4 +1,5 @@
-//! Quick timing probe of the backward on W2 / W4 (min of several runs), for development;
+//! Quick timing probe of the backward on the named workloads (min of several runs), for
+//! development;
 //! `ratio` times forward and full backward back to back (`ITERS` pairs) and prints the
 //! median of the per-pair ratios.
 
@@ -7,20 +8,18 @@ use ndarray::Array4;
 use std::time::Instant;
 
 fn main() {
-    let which: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a.starts_with('W'))
-        .collect();
+    let is_workload = |a: &String| deformconv::workloads::all().any(|w| w.name == a.as_str());
+    let which: Vec<String> = std::env::args().skip(1).filter(is_workload).collect();
     let only: Vec<String> = std::env::args()
         .skip(1)
-        .filter(|a| !a.starts_with('W'))
+        .filter(|a| !is_workload(a))
         .collect();
     // ITERS: runs per measurement (min taken), e.g. large for profiling.
     let iters: usize = std::env::var("ITERS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(8);
-    for wl in deformconv::workloads::WORKLOADS {
+    for wl in deformconv::workloads::all() {
         if !which.is_empty() && !which.iter().any(|w| w == wl.name) {
             continue;
         }

@@ -120,7 +120,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    for wl in deformconv::workloads::WORKLOADS {
+    for wl in deformconv::workloads::all() {
         if !names.is_empty() && !names.iter().any(|n| n == wl.name) {
             continue;
         }
