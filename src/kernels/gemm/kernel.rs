@@ -1,8 +1,9 @@
 //! The GEMM's loops and its register kernel, generic over the backend.
 
-use super::pack::{line_aligned, pack_b, PackedA, PackedB};
+use super::pack::{pack_b, PackedA, PackedB};
 use super::{block_shape, Init, MatB, KC};
 use crate::kernels::backend::{Backend, Element, Lanes, Strided, WithBackend};
+use crate::scratch::line_aligned;
 use crate::Float;
 
 /// Where the product takes the packed depth blocks of `B` from.

@@ -227,8 +227,8 @@ impl<T: Float> PackedB<T> {
         let nr = block_shape::<T, B>().1;
         let panels = len.div_ceil(nr);
         let size = panels * nr * depth;
-        let mut data = scratch::take::<T>(size + line_elements::<T>());
-        let start = line_start(&data);
+        let mut data = scratch::take::<T>(size + scratch::line_elements::<T>());
+        let start = scratch::line_start(&data);
         for r0 in (0..depth).step_by(KC) {
             let kc = KC.min(depth - r0);
             let block = &mut data[start + r0 * panels * nr..][..panels * kc * nr];
@@ -259,37 +259,6 @@ impl<T: Float> Drop for PackedB<T> {
     fn drop(&mut self) {
         scratch::give(std::mem::take(&mut self.data));
     }
-}
-
-/// Bytes of a cache line on the targets.
-const LINE_BYTES: usize = 64;
-
-/// Elements of `T` in a cache line.
-const fn line_elements<T>() -> usize {
-    LINE_BYTES / size_of::<T>()
-}
-
-/// The index of the first element of `buf` on a cache-line boundary (at most a line in; the
-/// start itself if the pointer does not tell).
-fn line_start<T>(buf: &[T]) -> usize {
-    buf.as_ptr()
-        .align_offset(LINE_BYTES)
-        .min(line_elements::<T>())
-}
-
-/// `len` elements of `buf`, grown as needed, starting on a cache-line boundary.
-///
-/// Why: the kernel loads its `B` panels in whole vectors, and a large allocation starts 16
-/// bytes past a page, so every 64-byte vector straddled two lines. Aligned, the register
-/// kernel on cache-resident operands went from 154 to 166-171 GFLOP/s (f32, AVX-512, Intel
-/// Xeon, 1 thread, `gemm_kernel_probe`; the thread's FMA peak is 208).
-pub(super) fn line_aligned<T: Float>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
-    let want = len + line_elements::<T>();
-    if buf.len() < want {
-        buf.resize(want, T::ZERO);
-    }
-    let start = line_start(buf);
-    &mut buf[start..][..len]
 }
 
 /// Copies rows `r0 .. r0 + kc`, columns `0 .. len` of `b` into panels of `NR` columns,
