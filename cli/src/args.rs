@@ -27,10 +27,10 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Time the workloads W1-W4, deformable and dense (the default command).
+    /// Time the workloads (W1-W4 and the deployed layers), deformable and dense (the default command).
     ///
     /// Deformable forward and backward (every gradient) against our dense convolution on the
-    /// same shapes, float32, medians after a warm-up; threads: RAYON_NUM_THREADS.
+    /// same shapes, float32, medians and minima after a warm-up; threads: RAYON_NUM_THREADS.
     Bench(BenchArgs),
     /// Compute a case's results, fast or exact.
     ///
@@ -103,8 +103,8 @@ pub struct BenchArgs {
     /// Divide every batch by 16 (at least 1): a smoke test of a few seconds.
     #[arg(long)]
     pub quick: bool,
-    /// Timed runs per measurement; the median is reported.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    /// Timed runs per measurement; their median and minimum are reported.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
     /// Only measure this CPU's multiply-add peak (f32 and f64, the kernels' backend, every
     /// thread), against which the workload tables give their share.
@@ -158,7 +158,7 @@ mod tests {
             c.bench,
             BenchArgs {
                 quick: false,
-                repeats: 3,
+                repeats: 5,
                 peak: false
             }
         );

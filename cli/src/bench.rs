@@ -59,8 +59,17 @@ impl Progress {
     }
 }
 
-/// Median wall time of `repeats` runs of `f` after one warm-up run.
-fn median(repeats: usize, mut f: impl FnMut() -> deformconv::Result<()>) -> Outcome<Duration> {
+/// The wall times of one measurement.
+#[derive(Clone, Copy)]
+struct Timing {
+    median: Duration,
+    min: Duration,
+}
+
+/// Median and minimum wall time of `repeats` runs of `f` after one warm-up run. Both are
+/// reported: on a shared machine the median is what a user sees, the minimum what the code
+/// does undisturbed, and their distance is the machine's noise.
+fn timing(repeats: usize, mut f: impl FnMut() -> deformconv::Result<()>) -> Outcome<Timing> {
     let fail = |e: deformconv::Error| Failure::bad(format!("bench: {e}"));
     f().map_err(fail)?;
     let mut times = Vec::with_capacity(repeats);
@@ -70,7 +79,10 @@ fn median(repeats: usize, mut f: impl FnMut() -> deformconv::Result<()>) -> Outc
         times.push(t.elapsed());
     }
     times.sort();
-    Ok(times[times.len() / 2])
+    Ok(Timing {
+        median: times[times.len() / 2],
+        min: times[0],
+    })
 }
 
 /// Timings of one workload.
@@ -78,10 +90,10 @@ struct Row {
     name: &'static str,
     out_shape: [usize; 4],
     gflop: f64,
-    fwd: Duration,
-    dense_fwd: Duration,
-    bwd: Duration,
-    dense_bwd: Duration,
+    fwd: Timing,
+    dense_fwd: Timing,
+    bwd: Timing,
+    dense_bwd: Timing,
     checksum_out: f64,
     checksum_grads: f64,
 }
@@ -107,13 +119,13 @@ fn measure(w: &Workload, repeats: usize, progress: &Progress, step: usize) -> Ou
     let label = |what: &str| format!("{}: {what} ({repeats} runs)", w.name);
 
     progress.show(step, &label("deformable forward"));
-    let fwd = median(repeats, || {
+    let fwd = timing(repeats, || {
         deformconv::deform_conv2d_into(x, off, mask, wt, bias, p, out.view_mut())
     })?;
     let checksum_out = sum(&out);
 
     progress.show(step, &label("dense forward"));
-    let dense_fwd = median(repeats, || {
+    let dense_fwd = timing(repeats, || {
         deformconv::conv2d_into(x, wt, bias, p, out.view_mut())
     })?;
 
@@ -124,7 +136,7 @@ fn measure(w: &Workload, repeats: usize, progress: &Progress, step: usize) -> Ou
     };
     progress.show(step, &label("deformable backward"));
     let mut checksum_grads = 0.0;
-    let bwd = median(repeats, || {
+    let bwd = timing(repeats, || {
         let grads = deformconv::deform_conv2d_backward(go, x, off, mask, wt, p, want)?;
         checksum_grads = [grads.input, grads.offset, grads.mask, grads.weight]
             .iter()
@@ -140,7 +152,7 @@ fn measure(w: &Workload, repeats: usize, progress: &Progress, step: usize) -> Ou
         mask: false,
         ..want
     };
-    let dense_bwd = median(repeats, || {
+    let dense_bwd = timing(repeats, || {
         deformconv::conv2d_backward(go, x, wt, p, dense_want).map(|_| ())
     })?;
 
@@ -227,7 +239,7 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
         total: list.len(),
     };
     say(format_args!(
-        "deformconv bench{}: float32, {} thread(s), median of {} run(s) after a warm-up",
+        "deformconv bench{}: float32, {} thread(s), median and minimum of {} run(s) after a warm-up; GFLOP/s, % peak and ratios at the medians",
         if args.quick { " --quick" } else { "" },
         deformconv::current_num_threads(),
         args.repeats
@@ -256,9 +268,11 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
             "output",
             "GFLOP",
             "deform ms",
+            "min",
             "GFLOP/s",
             "% peak",
             "dense ms",
+            "min",
             "GFLOP/s",
             "% peak",
             "deform/dense",
@@ -270,13 +284,15 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
                     r.name.to_string(),
                     format!("{:?}", r.out_shape),
                     format!("{:.3}", r.gflop),
-                    ms(r.fwd),
-                    rate(r.gflop, r.fwd),
-                    share(r.gflop, r.fwd),
-                    ms(r.dense_fwd),
-                    rate(r.gflop, r.dense_fwd),
-                    share(r.gflop, r.dense_fwd),
-                    ratio(r.fwd, r.dense_fwd),
+                    ms(r.fwd.median),
+                    ms(r.fwd.min),
+                    rate(r.gflop, r.fwd.median),
+                    share(r.gflop, r.fwd.median),
+                    ms(r.dense_fwd.median),
+                    ms(r.dense_fwd.min),
+                    rate(r.gflop, r.dense_fwd.median),
+                    share(r.gflop, r.dense_fwd.median),
+                    ratio(r.fwd.median, r.dense_fwd.median),
                 ]
             })
             .collect::<Vec<_>>(),
@@ -289,9 +305,12 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
         &[
             "workload",
             "deform ms",
+            "min",
             "GFLOP/s",
             "% peak",
+            "bwd/fwd",
             "dense ms",
+            "min",
             "GFLOP/s",
             "% peak",
             "deform/dense",
@@ -303,13 +322,16 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
             .map(|r| {
                 vec![
                     r.name.to_string(),
-                    ms(r.bwd),
-                    rate(2.0 * r.gflop, r.bwd),
-                    share(2.0 * r.gflop, r.bwd),
-                    ms(r.dense_bwd),
-                    rate(2.0 * r.gflop, r.dense_bwd),
-                    share(2.0 * r.gflop, r.dense_bwd),
-                    ratio(r.bwd, r.dense_bwd),
+                    ms(r.bwd.median),
+                    ms(r.bwd.min),
+                    rate(2.0 * r.gflop, r.bwd.median),
+                    share(2.0 * r.gflop, r.bwd.median),
+                    ratio(r.bwd.median, r.fwd.median),
+                    ms(r.dense_bwd.median),
+                    ms(r.dense_bwd.min),
+                    rate(2.0 * r.gflop, r.dense_bwd.median),
+                    share(2.0 * r.gflop, r.dense_bwd.median),
+                    ratio(r.bwd.median, r.dense_bwd.median),
                     format!("{:.6e}", r.checksum_out),
                     format!("{:.6e}", r.checksum_grads),
                 ]
@@ -318,7 +340,7 @@ pub fn bench(args: &BenchArgs) -> Outcome<()> {
     );
     say("");
     say(format_args!(
-        "total {:.1} s. sum(out): deformable forward output; sum(grads): grad_input + grad_offset + grad_mask + grad_weight",
+        "total {:.1} s. bwd/fwd: the deformable backward's median over its forward's; sum(out): deformable forward output; sum(grads): grad_input + grad_offset + grad_mask + grad_weight",
         started.elapsed().as_secs_f64()
     ));
     Ok(())
