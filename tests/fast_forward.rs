@@ -16,46 +16,19 @@ proptest! {
 
     #[test]
     fn deform_f64_matches_reference(case in cases()) {
-        let t = case.tensors();
-        let p = &case.params;
-        let mask = t.mask.as_ref().map(|m| m.view());
-        let bias = t.bias.as_ref().map(|b| b.view());
-        let fast = deform_conv2d(t.input.view(), t.offset.view(), mask, t.weight.view(), bias, p).unwrap();
-        let exact = reference::deform_conv2d(t.input.view(), t.offset.view(), mask, t.weight.view(), bias, p).unwrap();
-        assert_rel_close(&format!("{case:?}"), "out", &fast.view(), &exact.view(), 1e-12);
+        f64_matches_reference(&case);
     }
 
     #[test]
     fn deform_f32_within_per_element_bound(case in cases()) {
-        let t = case.tensors();
-        let p = &case.params;
-        let (input, offset, weight) = (to_f32(&t.input), to_f32(&t.offset), to_f32(&t.weight));
-        let mask = t.mask.as_ref().map(to_f32);
-        let bias = t.bias.as_ref().map(to_f32_1);
-        let fast = deform_conv2d(input.view(), offset.view(), mask.as_ref().map(|m| m.view()),
-            weight.view(), bias.as_ref().map(|b| b.view()), p).unwrap();
-        let exact = reference::deform_conv2d(input.view(), offset.view(), mask.as_ref().map(|m| m.view()),
-            weight.view(), bias.as_ref().map(|b| b.view()), p).unwrap();
-        Bound::new::<f32>(format!("{case:?}"), &t, None, p).check(Output::Out, fast.view(), exact.view());
+        f32_within_per_element_bound(&case);
     }
 
+    /// Offset groups of 16+ channels: both column-tile layouts of the forward's plan.
     #[test]
     fn wide_offset_groups_match_reference(case in wide_cases()) {
-        let t = case.tensors();
-        let p = &case.params;
-        let mask = t.mask.as_ref().map(|m| m.view());
-        let bias = t.bias.as_ref().map(|b| b.view());
-        let fast = deform_conv2d(t.input.view(), t.offset.view(), mask, t.weight.view(), bias, p).unwrap();
-        let exact = reference::deform_conv2d(t.input.view(), t.offset.view(), mask, t.weight.view(), bias, p).unwrap();
-        assert_rel_close(&format!("{case:?}"), "out", &fast.view(), &exact.view(), 1e-12);
-        let (input, offset, weight) = (to_f32(&t.input), to_f32(&t.offset), to_f32(&t.weight));
-        let mask = t.mask.as_ref().map(to_f32);
-        let bias = t.bias.as_ref().map(to_f32_1);
-        let fast = deform_conv2d(input.view(), offset.view(), mask.as_ref().map(|m| m.view()),
-            weight.view(), bias.as_ref().map(|b| b.view()), p).unwrap();
-        let exact = reference::deform_conv2d(input.view(), offset.view(), mask.as_ref().map(|m| m.view()),
-            weight.view(), bias.as_ref().map(|b| b.view()), p).unwrap();
-        Bound::new::<f32>(format!("{case:?}"), &t, None, p).check(Output::Out, fast.view(), exact.view());
+        f64_matches_reference(&case);
+        f32_within_per_element_bound(&case);
     }
 
     #[test]
@@ -74,6 +47,45 @@ proptest! {
         let dense = Tensors { offset: Array4::zeros(t.offset.raw_dim()), mask: None, ..t };
         Bound::new::<f32>(format!("{case:?}"), &dense, None, p).check(Output::Out, fast32.view(), exact32.view());
     }
+}
+
+/// The `f64` forward of `case` within 1e-12 of the oracle's largest magnitude.
+fn f64_matches_reference(case: &Case) {
+    let t = case.tensors();
+    let p = &case.params;
+    let mask = t.mask.as_ref().map(|m| m.view());
+    let bias = t.bias.as_ref().map(|b| b.view());
+    let (x, off, w) = (t.input.view(), t.offset.view(), t.weight.view());
+    let fast = deform_conv2d(x, off, mask, w, bias, p).unwrap();
+    let exact = reference::deform_conv2d(x, off, mask, w, bias, p).unwrap();
+    assert_rel_close(
+        &format!("{case:?}"),
+        "out",
+        &fast.view(),
+        &exact.view(),
+        1e-12,
+    );
+}
+
+/// The `f32` forward of `case` within the per-element bound of the oracle.
+fn f32_within_per_element_bound(case: &Case) {
+    let t = case.tensors();
+    let p = &case.params;
+    let (input, offset, weight) = (to_f32(&t.input), to_f32(&t.offset), to_f32(&t.weight));
+    let mask = t.mask.as_ref().map(to_f32);
+    let bias = t.bias.as_ref().map(to_f32_1);
+    let (mask, bias) = (
+        mask.as_ref().map(|m| m.view()),
+        bias.as_ref().map(|b| b.view()),
+    );
+    let (x, off, w) = (input.view(), offset.view(), weight.view());
+    let fast = deform_conv2d(x, off, mask, w, bias, p).unwrap();
+    let exact = reference::deform_conv2d(x, off, mask, w, bias, p).unwrap();
+    Bound::new::<f32>(format!("{case:?}"), &t, None, p).check(
+        Output::Out,
+        fast.view(),
+        exact.view(),
+    );
 }
 
 #[test]

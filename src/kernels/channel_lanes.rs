@@ -46,6 +46,94 @@ use super::TileRows;
 /// 20.2/53.1 at 128, 22.1/52.6 at 512).
 const STAGE: usize = 256;
 
+/// One sample of a tap row, ready for its channels: the element offsets of its four corners in
+/// the pixel-major image (`(y0,x0), (y0,x1), (y1,x0), (y1,x1)`), their weights and the mask,
+/// splat across the backend's vectors. Shared by the channel-major and pixel-major gathers
+/// ([`super::pixel_lanes`]).
+pub(super) struct Sample<B: Backend, T: Element> {
+    /// Element offset of channel 0 of each corner.
+    pub(super) at: [usize; 4],
+    w: [T::V<B>; 4],
+    m: Option<T::V<B>>,
+}
+
+impl<B: Backend, T: Element> Sample<B, T> {
+    /// Entry `q` of `tap`, on an image of `c_in` channels and `pitch` cells a row.
+    ///
+    /// # Safety
+    /// `q` is below the length of every column of `tap`.
+    #[inline(always)]
+    pub(super) unsafe fn at(
+        b: B,
+        tap: &TapRow<'_, T>,
+        q: usize,
+        c_in: usize,
+        pitch: usize,
+    ) -> Self {
+        debug_assert!(q < tap.cell.len() && tap.weight.iter().all(|w| q < w.len()));
+        // SAFETY: q is inside the table row (the caller's contract).
+        let first = unsafe { *tap.cell.get_unchecked(q) } as usize * c_in;
+        let at = [
+            first,
+            first + c_in,
+            first + pitch * c_in,
+            first + (pitch + 1) * c_in,
+        ];
+        let mut w = [T::V::<B>::splat(b, T::default()); 4];
+        for (t, wt) in w.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *wt = T::V::<B>::splat(b, unsafe { *tap.weight[t].get_unchecked(q) });
+        }
+        // `match`, not `Option::map`: a closure left out of line loses the features.
+        #[allow(clippy::manual_map)]
+        let m = match tap.mask {
+            // SAFETY: as above (the mask is a column of the row).
+            Some(m) => Some(T::V::<B>::splat(b, unsafe { *m.get_unchecked(q) })),
+            None => None,
+        };
+        Sample { at, w, m }
+    }
+
+    /// `m * (((w0 v0 + w1 v1) + w2 v2) + w3 v3)` for channels `c0 .. c0 + cw` (`cw <= N`;
+    /// `FULL`: `cw == N`), lanes past `cw` zero.
+    ///
+    /// # Safety
+    /// Every corner's channels `c0 .. c0 + cw` lie in `values` (`at[3] + c0 + cw <=
+    /// values.len()`, the largest of the four).
+    #[inline(always)]
+    pub(super) unsafe fn channels<const FULL: bool>(
+        &self,
+        b: B,
+        values: &[T],
+        c0: usize,
+        cw: usize,
+    ) -> T::V<B> {
+        let n = <T::V<B> as Lanes<T, B>>::N;
+        debug_assert!(cw <= n && self.at[3] + c0 + cw <= values.len());
+        // Macro, not closure: a closure left out of line loses the backend's features.
+        macro_rules! corner {
+            ($t:expr) => {{
+                let from = self.at[$t] + c0;
+                // SAFETY: inside `values` (the caller's contract; at[3] is the largest).
+                let corner = unsafe { values.get_unchecked(from..from + cw) };
+                if FULL || cw == n {
+                    T::V::<B>::load(b, corner)
+                } else {
+                    T::V::<B>::load_partial(b, corner)
+                }
+            }};
+        }
+        let mut acc = self.w[0].mul(corner!(0));
+        acc = acc.add(self.w[1].mul(corner!(1)));
+        acc = acc.add(self.w[2].mul(corner!(2)));
+        acc = acc.add(self.w[3].mul(corner!(3)));
+        match self.m {
+            Some(m) => m.mul(acc),
+            None => acc,
+        }
+    }
+}
+
 /// The rows `rows` of the column tile, for `q < len`:
 /// `out.cols[((c - first) * taps + k) * out.ld + q] = m * B(channel c, sample (k, q))`,
 /// `N = T::V::<B>::N` pixels a block.
@@ -146,53 +234,16 @@ fn interpolate_blocks<B: Backend, T: Element, const FULL: bool>(
             let pw = n.min(len - q0);
             for (p, slot) in block.iter_mut().enumerate().take(pw) {
                 let q = q0 + p;
-                // The element offset of each corner's cell.
                 // SAFETY: q < len, and every table row holds at least len entries (asserted).
-                let first = unsafe { *tap.cell.get_unchecked(q) } as usize * c_in;
-                let at = [
-                    first,
-                    first + c_in,
-                    first + pitch * c_in,
-                    first + (pitch + 1) * c_in,
-                ];
-                let mut w = [zero; 4];
-                for (t, wt) in w.iter_mut().enumerate() {
-                    // SAFETY: as above.
-                    *wt = T::V::<B>::splat(b, unsafe { *tap.weight[t].get_unchecked(q) });
-                }
-                // `match`, not `Option::map`: a closure left out of line loses the features.
-                #[allow(clippy::manual_map)]
-                let m = match tap.mask {
-                    // SAFETY: q < len <= m.len() (asserted).
-                    Some(m) => Some(T::V::<B>::splat(b, unsafe { *m.get_unchecked(q) })),
-                    None => None,
-                };
+                let sample = unsafe { Sample::<B, T>::at(b, tap, q, c_in, pitch) };
                 for k in 0..blocks {
                     let c0 = part + k * n;
                     let cw = if FULL { n } else { n.min(part_end - c0) };
-                    // Macro, not closure: a closure left out of line loses the backend's features.
-                    macro_rules! corner {
-                        ($t:expr) => {{
-                            debug_assert!(at[$t] + c0 + cw <= values.len());
-                            let from = at[$t] + c0;
-                            // SAFETY: the corner is a cell of the image (the table's contract,
-                            // checked in debug builds) and channels c0 .. c0 + cw lie below
-                            // channels.end <= c_in, so the values lie in the image.
-                            let corner = unsafe { values.get_unchecked(from..from + cw) };
-                            if FULL || cw == n {
-                                T::V::<B>::load(b, corner)
-                            } else {
-                                T::V::<B>::load_partial(b, corner)
-                            }
-                        }};
-                    }
-                    let mut acc = w[0].mul(corner!(0));
-                    acc = acc.add(w[1].mul(corner!(1)));
-                    acc = acc.add(w[2].mul(corner!(2)));
-                    acc = acc.add(w[3].mul(corner!(3)));
-                    if let Some(m) = m {
-                        acc = m.mul(acc);
-                    }
+                    debug_assert!(sample.at[3] + c0 + cw <= values.len());
+                    // SAFETY: the corners are cells of the image (the table's contract, checked
+                    // in debug builds) and channels c0 .. c0 + cw lie below channels.end <=
+                    // c_in, so the values lie in the image.
+                    let acc = unsafe { sample.channels::<FULL>(b, values, c0, cw) };
                     if direct {
                         *slot = acc;
                     } else {

@@ -17,6 +17,7 @@
 use std::ops::Range;
 
 use super::backend::{Backend, Element, Lanes};
+use super::channel_lanes::Sample;
 use super::columns::TapRow;
 use super::pixel_major::PixelImage;
 use super::TileRows;
@@ -112,52 +113,16 @@ fn interpolate<B: Backend, T: Element, const FULL: bool>(
         .all(|&v| v >= 0 && v as usize + pitch + 1 < cells));
     for q in 0..len {
         // SAFETY: q < len, and every table row holds at least len entries (asserted).
-        let cell = unsafe { *tap.cell.get_unchecked(q) } as usize * c_in;
-        let at = [
-            cell,
-            cell + c_in,
-            cell + pitch * c_in,
-            cell + (pitch + 1) * c_in,
-        ];
-        let mut w = [T::V::<B>::splat(b, T::default()); 4];
-        for (t, wt) in w.iter_mut().enumerate() {
-            // SAFETY: as above.
-            *wt = T::V::<B>::splat(b, unsafe { *tap.weight[t].get_unchecked(q) });
-        }
-        // `match`, not `Option::map`: a closure left out of line loses the features.
-        #[allow(clippy::manual_map)]
-        let m = match tap.mask {
-            // SAFETY: q < len <= m.len() (asserted).
-            Some(m) => Some(T::V::<B>::splat(b, unsafe { *m.get_unchecked(q) })),
-            None => None,
-        };
+        let sample = unsafe { Sample::<B, T>::at(b, tap, q, c_in, pitch) };
         let row = q * ld + slot;
         let mut c0 = channels.start;
         while c0 < channels.end {
             let cw = if FULL { n } else { n.min(channels.end - c0) };
-            // Macro, not closure: a closure left out of line loses the backend's features.
-            macro_rules! corner {
-                ($t:expr) => {{
-                    debug_assert!(at[$t] + c0 + cw <= values.len());
-                    let from = at[$t] + c0;
-                    // SAFETY: the corner is a cell of the image (the table's contract, checked
-                    // in debug builds) and channels c0 .. c0 + cw lie below channels.end <=
-                    // c_in, so the values lie in the image.
-                    let corner = unsafe { values.get_unchecked(from..from + cw) };
-                    if FULL || cw == n {
-                        T::V::<B>::load(b, corner)
-                    } else {
-                        T::V::<B>::load_partial(b, corner)
-                    }
-                }};
-            }
-            let mut acc = w[0].mul(corner!(0));
-            acc = acc.add(w[1].mul(corner!(1)));
-            acc = acc.add(w[2].mul(corner!(2)));
-            acc = acc.add(w[3].mul(corner!(3)));
-            if let Some(m) = m {
-                acc = m.mul(acc);
-            }
+            debug_assert!(sample.at[3] + c0 + cw <= values.len());
+            // SAFETY: the corners are cells of the image (the table's contract, checked in
+            // debug builds) and channels c0 .. c0 + cw lie below channels.end <= c_in, so the
+            // values lie in the image.
+            let acc = unsafe { sample.channels::<FULL>(b, values, c0, cw) };
             let at = row + (c0 - channels.start);
             debug_assert!(at + cw <= cols.len());
             // SAFETY: q < len and slot + (c0 - channels.start) + cw <= slot + channels.len() <=
