@@ -38,6 +38,15 @@ impl ChannelRows {
     pub(crate) fn row(&self, c: usize) -> usize {
         (c - self.first) * self.taps + self.k
     }
+
+    /// Where tap `k` of these channels (one segment: an offset group's channels inside the
+    /// conv group) starts in a pixel row of a pixel-major tile
+    /// ([`super::TileLayout::PixelMajor`]): `(s - first) * taps + k * (e - s)` for channels
+    /// `s .. e`.
+    #[inline(always)]
+    pub(crate) fn pixel_slot(&self) -> usize {
+        (self.channels.start - self.first) * self.taps + self.k * self.channels.len()
+    }
 }
 
 /// The rows `rows` of the column tile, for `q < len`:

@@ -6,7 +6,7 @@ use super::channel_gather::ChannelRows;
 use super::channel_lanes;
 use super::columns::TapColumns;
 use super::locate::Fields;
-use super::pixel_lanes::{self, TapSlots};
+use super::pixel_lanes;
 use super::pixel_major::{PixelImage, PixelMajor};
 use super::taps::PlaneLayout;
 use super::tile_table::{build_table, Bases, TableSource};
@@ -236,26 +236,10 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
 
     #[inline(always)]
     fn run<B: Backend>(self, b: B) {
-        if self.layout == TileLayout::PixelMajor {
-            for k in 0..self.taps {
-                let tap = self.table.row(k, self.len, self.has_mask);
-                let slots = TapSlots {
-                    channels: self.channels.clone(),
-                    first: self.first,
-                    taps: self.taps,
-                    k,
-                };
-                let out = TileRows {
-                    cols: &mut *self.cols,
-                    ld: self.ld,
-                };
-                pixel_lanes::interpolate_tap(b, self.image, slots, &tap, self.len, out);
-            }
-            return;
-        }
         #[cfg(target_arch = "x86_64")]
         // The paired kernel's element offsets are `i32`.
         if B::ISA == backend::Isa::Avx512
+            && self.layout == TileLayout::ChannelMajor
             && self.channels.len() <= 8
             && self.image.values.len() <= i32::MAX as usize
         {
@@ -295,7 +279,14 @@ impl<T: Float> WithBackend for ChannelTaps<'_, T> {
                 cols: &mut *self.cols,
                 ld: self.ld,
             };
-            channel_lanes::interpolate_tap(b, self.image, rows, &tap, self.len, out);
+            match self.layout {
+                TileLayout::ChannelMajor => {
+                    channel_lanes::interpolate_tap(b, self.image, rows, &tap, self.len, out)
+                }
+                TileLayout::PixelMajor => {
+                    pixel_lanes::interpolate_tap(b, self.image, rows, &tap, self.len, out)
+                }
+            }
         }
     }
 }

@@ -14,64 +14,42 @@
 //! multiplies and adds, the operations of the channel-major gathers in the same order, so
 //! both tiles hold the same values.
 
-use std::ops::Range;
-
 use super::backend::{Backend, Element, Lanes};
+use super::channel_gather::ChannelRows;
 use super::channel_lanes::Sample;
 use super::columns::TapRow;
 use super::pixel_major::PixelImage;
 use super::TileRows;
 
-/// Where one tap of one segment (the channels of one offset group inside one conv group)
-/// goes in a pixel-major tile: channel `c` of pixel `q` at
-/// `cols[q * ld + (s - first) * taps + k * (e - s) + (c - s)]` for the segment `s .. e`.
-#[derive(Debug, Clone)]
-pub(crate) struct TapSlots {
-    /// The segment's channels (channels of the image), inside the conv group.
-    pub channels: Range<usize>,
-    /// The conv group's first channel.
-    pub first: usize,
-    /// Kernel taps, `K`.
-    pub taps: usize,
-    /// The tap, `k < K`.
-    pub k: usize,
-}
-
-impl TapSlots {
-    /// Where in a pixel row the segment's tap `k` starts.
-    pub(crate) fn start(&self) -> usize {
-        (self.channels.start - self.first) * self.taps + self.k * self.channels.len()
-    }
-}
-
-/// Pixel rows `q < len` of the tile, tap `slots.k`, channels `slots.channels`:
-/// `out.cols[q * out.ld + slots.start() + (c - s)] = m * B(channel c, sample (k, q))`.
+/// Pixel rows `q < len` of the tile, tap `rows.k`, channels `rows.channels` (one segment
+/// `s .. e`): `out.cols[q * out.ld + rows.pixel_slot() + (c - s)] = m * B(channel c, sample
+/// (k, q))`.
 ///
 /// `image` is the sample's image pixel-major, `tap` the sampling table row of tap `k` (cells
 /// whose four corners lie in the image, checked in debug builds). Mark the caller
 /// `#[inline(always)]` under the backend's `vectorize`.
 ///
 /// # Panics
-/// If the channels lie outside the image or the conv group, the slots outside the tile, or a
+/// If the channels lie outside the image or the conv group, their slots outside the tile, or a
 /// table row is shorter than `len`.
 #[inline(always)]
 pub(crate) fn interpolate_tap<B: Backend, T: Element>(
     b: B,
     image: PixelImage<'_, T>,
-    slots: TapSlots,
+    rows: ChannelRows,
     tap: &TapRow<'_, T>,
     len: usize,
     out: TileRows<'_, T>,
 ) {
     // Whole vectors in the inner loop where the channels allow (no masks, no lane counts).
-    if slots
+    if rows
         .channels
         .len()
         .is_multiple_of(<T::V<B> as Lanes<T, B>>::N)
     {
-        interpolate::<B, T, true>(b, image, slots, tap, len, out);
+        interpolate::<B, T, true>(b, image, rows, tap, len, out);
     } else {
-        interpolate::<B, T, false>(b, image, slots, tap, len, out);
+        interpolate::<B, T, false>(b, image, rows, tap, len, out);
     }
 }
 
@@ -80,7 +58,7 @@ pub(crate) fn interpolate_tap<B: Backend, T: Element>(
 fn interpolate<B: Backend, T: Element, const FULL: bool>(
     b: B,
     image: PixelImage<'_, T>,
-    slots: TapSlots,
+    rows: ChannelRows,
     tap: &TapRow<'_, T>,
     len: usize,
     out: TileRows<'_, T>,
@@ -92,11 +70,11 @@ fn interpolate<B: Backend, T: Element, const FULL: bool>(
         channels: c_in,
         pitch,
     } = image;
-    let slot = slots.start();
-    let channels = slots.channels;
+    let slot = rows.pixel_slot();
+    let channels = rows.channels;
     let TileRows { cols, ld } = out;
     assert!(
-        channels.end <= c_in && channels.start >= slots.first,
+        channels.end <= c_in && channels.start >= rows.first,
         "pixel gather outside its image or conv group"
     );
     assert!(
