@@ -13,8 +13,8 @@
 //! computed alone.
 //!
 //! **Workspace** per concurrently running tile: a column tile of
-//! `C_in/groups * kh * kw * len` elements (each pixel's row padded to an odd number of cache
-//! lines where the tile is pixel-major, see `kernels::TileLayout`) with `len` chosen to keep it near 1 MiB (at least 48
+//! `C_in/groups * kh * kw * len` elements (each pixel's row padded to whole cache lines where
+//! the tile is pixel-major, see `kernels::TileLayout`) with `len` chosen to keep it near 1 MiB (at least 48
 //! pixels; 192 pixels, at most 8 MiB, where 48 already overflow 1 MiB or where the GEMM
 //! repacks the weight per tile: see `plan::forward`), a sampling table of
 //! `kh * kw * len * (5 * size_of::<T>() + 4)` bytes for the deformable gather, the GEMM's
@@ -243,16 +243,10 @@ fn run_in_pool<T: Float>(
     let depth = geo.c_in_per_group() * geo.taps();
     let rows = geo.c_out_per_group();
     let tile_layout = plan::tile_layout(geo, src.offset.is_some());
-    // Column elements per pixel: a pixel-major tile's rows are padded to an odd number of
-    // cache lines, so that the GEMM's packing, which reads a few lines of 16 consecutive
-    // rows at a time, spreads them over many cache sets.
+    // Column elements per pixel: a pixel-major tile's rows start on cache lines.
     let per_pixel = match tile_layout {
         TileLayout::ChannelMajor => depth,
-        TileLayout::PixelMajor => {
-            let line = 64 / elem;
-            let lines = depth.div_ceil(line);
-            (lines | 1) * line
-        }
+        TileLayout::PixelMajor => depth.next_multiple_of(crate::scratch::line_elements::<T>()),
     };
     let cols_len = checked_elements("column tile", &[per_pixel, tile_len], elem)?;
     let staging_len = checked_elements("output tile", &[rows, tile_len], elem)?;
